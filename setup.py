@@ -1,0 +1,22 @@
+"""Tree-structured rollouts and fine-grained credit assignment for RL post-training, in JAX."""
+from setuptools import setup
+
+setup(
+    name="treecredit",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11",
+    packages=["trees", "credit", "envs", "experiments", "configs"],
+    install_requires=[
+        "jax>=0.10.0",
+        "flax>=0.12.0",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11.0",
+        "chex>=0.1.90",
+        "ml-collections>=1.1.0",
+        "absl-py>=2.0",
+        "numpy>=2.0",
+        "matplotlib>=3.8",
+    ],
+    extras_require={"test": ["pytest>=8.0", "hypothesis>=6.100"]},
+)
