@@ -1,0 +1,6 @@
+"""Rollout groups as prefix trees, and segment reductions over their nodes."""
+
+from trees.node_values import (node_count, node_max, node_mean, node_min, node_std, node_sum,
+                               per_group, prefix_values, to_tokens)
+from trees.prefix_tree import PrefixTree, build, build_from_keys
+from trees.siblings import SiblingStats, sibling_stats

@@ -1,0 +1,40 @@
+"""The batch every credit estimator takes."""
+
+from typing import Optional
+
+import flax
+import jax
+
+from trees import PrefixTree
+
+
+@flax.struct.dataclass
+class Rollouts:
+  """Rollout groups: G responses of padded length L per prompt, any leading dims.
+
+  Attributes:
+    tokens: int32 [..., G, L] response tokens.
+    mask: bool [..., G, L], True on response tokens (one run from position 0).
+    rewards: float32 [..., G] outcome rewards.
+    logprobs: float32 [..., G, L] log π_θ(token) under the current policy, or None.
+    old_logprobs: float32 [..., G, L] under the sampling policy, or None.
+    ref_logprobs: float32 [..., G, L] under the frozen reference policy, or None.
+    token_rewards: float32 [..., G, L] per-token (process) rewards, or None.
+    values: float32 [..., G, L] critic values V(s_t) before each token, or None.
+    tree: the group's `trees.PrefixTree` when the sampler built an explicit tree
+      (`trees.from_forks`); None means "the prefix tree of the tokens".
+  """
+
+  tokens: jax.Array
+  mask: jax.Array
+  rewards: jax.Array
+  logprobs: Optional[jax.Array] = None
+  old_logprobs: Optional[jax.Array] = None
+  ref_logprobs: Optional[jax.Array] = None
+  token_rewards: Optional[jax.Array] = None
+  values: Optional[jax.Array] = None
+  tree: Optional[PrefixTree] = None
+
+  @property
+  def group_size(self) -> int:
+    return self.tokens.shape[-2]

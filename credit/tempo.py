@@ -1,0 +1,38 @@
+"""TEMPO: GRPO plus branch-gated temporal differences of prefix-tree values."""
+
+import jax.numpy as jnp
+
+import trees
+from credit.groups import all_equal, group_stats
+from credit.registry import register
+from credit.rollouts import Rollouts
+
+
+def tree_of(rollouts: Rollouts) -> trees.PrefixTree:
+  """The rollouts' explicit tree if they carry one, else the prefix tree of their tokens."""
+  if rollouts.tree is not None:
+    return rollouts.tree
+  return trees.build(rollouts.tokens, rollouts.mask)
+
+
+@register("tempo")
+def tempo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
+  """TEMPO (Prefix-to-Tree credit): A_{i,t} = [(R_i − μ) + V(s_{t+1}) − V(s_t)]/(σ + ε).
+
+  V(s) is the mean reward of the responses through prefix s (`trees.prefix_values`).
+  The TD term is 0 where nothing branches (`tree.branches` False), so TEMPO
+  equals GRPO there; along a response the TD terms sum to V(s_len) − μ, which
+  is R_i − μ when no other response extends it with a different reward.
+  `scale_by_std=False` drops the division. A group of one gets μ = 0, σ = 1;
+  all-equal rewards give exactly 0. Returns float32 [..., G, L], 0 on masked tokens.
+  """
+  rewards = jnp.asarray(rollouts.rewards, jnp.float32)
+  tree = tree_of(rollouts)
+  v_before, v_after = trees.prefix_values(tree, rewards)
+  mean, std = group_stats(rewards)
+  adv = (rewards - mean)[..., None] + (v_after - v_before)
+  if scale_by_std:
+    adv = adv / (std + eps)[..., None]
+  if rewards.shape[-1] > 1:
+    adv = jnp.where(all_equal(rewards)[..., None], 0.0, adv)
+  return jnp.where(tree.mask, adv, 0.0)

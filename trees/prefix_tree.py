@@ -1,0 +1,254 @@
+"""Rollout groups as prefix trees, built with array code (no loops over tokens).
+
+A group is G responses of padded length L to one prompt; batches carry leading
+dimensions, so token arrays are [..., G, L]. A *node* is the state after a
+token: responses g and h share the node at position t iff their first t + 1
+tokens are equal and both are unmasked there. Node 0 is the root (the prompt,
+reached by every response, zero-length ones included).
+
+Representation. Responses are put in trie (lexicographic) order `order`; the
+responses through any node are then a contiguous run `order[first:last + 1]`,
+so a per-response reduction over a node is a difference of two prefix sums.
+Node ids are static (N = 1 + G·L per group): the node at depth t + 1 whose run
+starts at trie position k has id `1 + k·L + t`; other slots are unused
+(`node_count == 0`). The id N means "no node" (masked tokens, the root's
+parent); segment reductions drop it.
+
+Algorithm (per group, O(G·L + G²·(L/32 + 32)) work): shared-prefix lengths
+from block hashes (`lcp.py`), the trie order from them, an exact check of
+every adjacent pair in that order (an exact O(G²·L) fallback runs if a hash
+collision ever breaks it), then runs as cumulative max/min over the group axis.
+"""
+
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from trees import lcp as lcp_lib
+
+
+@flax.struct.dataclass
+class PrefixTree:
+  """A batch of prefix trees. Shapes: [..., G, L] per token, [..., N] per node.
+
+  Attributes:
+    mask: bool [..., G, L], True on response tokens (a run from position 0).
+    node: int32 [..., G, L], the node after token t (state s_{t+1}); N if masked.
+    parent: int32 [..., G, L], the node before token t (s_t; root 0 at t = 0); N if masked.
+    count: int32 [..., G, L], n(node): responses sharing the first t + 1 tokens; 0 if masked.
+    branches: bool [..., G, L], some response reaches s_t but does not take token
+      t (it takes another token or ends there). Where False, n(s_t) = n(s_{t+1})
+      and so V(s_t) = V(s_{t+1}).
+    first, last: int32 [..., G, L], the responses through the node after token t
+      are `order[first:last + 1]`; 0 if masked.
+    order: int32 [..., G], the responses in trie order (ties by index).
+    lcp: int32 [..., G, G], shared-prefix lengths; lcp[g, g] is g's length.
+    node_count: int32 [..., N], n(v), responses through node v (0 = unused slot).
+    node_parent: int32 [..., N], parent node (N for the root and unused slots).
+    node_depth: int32 [..., N], tokens from the root (0 for the root and unused slots).
+    node_token: int32 [..., N], the token into v (-1 for the root and unused slots).
+  """
+
+  mask: jax.Array
+  node: jax.Array
+  parent: jax.Array
+  count: jax.Array
+  branches: jax.Array
+  first: jax.Array
+  last: jax.Array
+  order: jax.Array
+  lcp: jax.Array
+  node_count: jax.Array
+  node_parent: jax.Array
+  node_depth: jax.Array
+  node_token: jax.Array
+
+  @property
+  def group_size(self) -> int:
+    return self.mask.shape[-2]
+
+  @property
+  def max_len(self) -> int:
+    return self.mask.shape[-1]
+
+  @property
+  def num_nodes(self) -> int:
+    return self.node_count.shape[-1]
+
+  @property
+  def batch_shape(self) -> tuple[int, ...]:
+    return self.mask.shape[:-2]
+
+  @property
+  def lengths(self) -> jax.Array:
+    """int32 [..., G], each response's number of tokens."""
+    return jnp.sum(self.mask, axis=-1, dtype=jnp.int32)
+
+
+def check_tokens_and_mask(tokens, mask):
+  """Raises ValueError on inputs `build` cannot take (values only when concrete)."""
+  if tokens.ndim < 2:
+    raise ValueError(f"tokens must be [..., G, L]; got shape {tokens.shape}.")
+  if tokens.shape != mask.shape:
+    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must have the same shape.")
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f"tokens must be integers; got dtype {tokens.dtype}.")
+  if mask.dtype != jnp.bool_:
+    raise ValueError(f"mask must be boolean; got dtype {mask.dtype}.")
+  if tokens.shape[-2] == 0:
+    raise ValueError("empty group: the group axis (G, second to last) has size 0.")
+  if tokens.shape[-1] == 0:
+    raise ValueError("the token axis (L, last) has size 0; pad to at least one position.")
+  if not isinstance(mask, jax.core.Tracer):
+    m = np.asarray(mask)
+    holes = m[..., 1:] & ~m[..., :-1]
+    if holes.any():
+      at = tuple(int(i) for i in np.argwhere(holes)[0])
+      raise ValueError(
+          "mask has holes: response tokens must be one run starting at position 0, "
+          f"but mask{list(at[:-1] + (at[-1] + 1,))} is True after a False.")
+
+
+@functools.partial(jax.jit, static_argnames="method")
+def _build(tokens, mask, method):
+  return build_from_keys(tokens, mask, method=method)
+
+
+def build(tokens, mask, *, method: str = "blocked") -> PrefixTree:
+  """Builds the prefix trees of a batch of rollout groups.
+
+  Args:
+    tokens: int [..., G, L].
+    mask: bool [..., G, L], True on response tokens, one run from position 0.
+      Checked when concrete; under jit a mask with holes is cut at its first hole.
+    method: "blocked" (block hashes, verified exactly, with an exact fallback)
+      or "exact" (O(G²·L) comparisons; for tests and as the reference).
+
+  Returns:
+    A `PrefixTree` with the same leading dimensions.
+  """
+  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  check_tokens_and_mask(tokens, mask)
+  return _build(tokens, mask, method)
+
+
+def build_from_keys(keys, mask, *, method: str = "blocked", node_tokens=None) -> PrefixTree:
+  """`build`, but positions share a node iff their `keys` prefixes agree.
+
+  `build` uses the tokens as keys. Explicit (sampled) trees use keys that name
+  the sampled node each token belongs to (`explicit.py`); `node_tokens`
+  [..., G, L] then fills `PrefixTree.node_token` (default: the keys).
+  """
+  if method not in ("blocked", "exact"):
+    raise ValueError(f"unknown method {method!r}; choose 'blocked' or 'exact'.")
+  batch, (g, l) = keys.shape[:-2], keys.shape[-2:]
+  keys = keys.reshape((-1, g, l)).astype(jnp.int32)
+  mask = mask.reshape((-1, g, l))
+  lengths = jnp.min(jnp.where(mask, l, jnp.arange(l)), axis=-1)  # cut at a first hole
+  mask = jnp.arange(l) < lengths[..., None]
+  node_tokens = keys if node_tokens is None else node_tokens.reshape((-1, g, l))
+
+  exact = lambda: jax.vmap(_trie_order)(keys, lengths, jax.vmap(lcp_lib.lcp_exact)(keys, mask))
+  if method == "exact":
+    order, adj, _ = exact()
+  else:
+    order, adj, ok = jax.vmap(_trie_order)(keys, lengths,
+                                            jax.vmap(lcp_lib.lcp_blocked)(keys, mask))
+    order, adj, _ = jax.lax.cond(jnp.all(ok), lambda: (order, adj, ok), exact)
+  tree = jax.vmap(_tree_from_trie_order)(mask, lengths, order, adj, node_tokens)
+  return jax.tree.map(lambda x: x.reshape(batch + x.shape[1:]), tree)
+
+
+def _shift_right(x, fill):
+  """x[..., t - 1] at t, `fill` at t = 0."""
+  return jnp.concatenate([jnp.full(x.shape[:-1] + (1,), fill, x.dtype), x[..., :-1]], axis=-1)
+
+
+def _trie_order(keys, lengths, lcp):
+  """One group's trie order from lcp [G, G], which may be over-estimated.
+
+  Returns:
+    order [G], the responses in trie order; adj [G - 1], the lcp of each
+    adjacent pair in it; and whether an exact check confirmed both: each
+    adjacent pair agrees before its lcp and is strictly ordered at it.
+  """
+  g, l = keys.shape
+  index, position = jnp.arange(g), jnp.arange(l)
+  # g before h iff g's key at their first difference is smaller, or g ends
+  # there and h does not, or they are identical and g < h.
+  at = jnp.take_along_axis(keys, jnp.minimum(lcp, l - 1), axis=1)  # keys[g, lcp[g, h]]
+  ended = lcp >= lengths[:, None]
+  before = jnp.where(ended | ended.T,
+                     ended & (~ended.T | (index[:, None] < index[None, :])),
+                     at < at.T)
+  order = jnp.argsort(jnp.sum(before, axis=0) * g + index).astype(jnp.int32)
+
+  keys_s, len_s = keys[order], lengths[order]
+  adj = lcp[order[:-1], order[1:]]
+  agree = jnp.all((keys_s[:-1] == keys_s[1:]) | (position[None] >= adj[:, None]))
+  col = jnp.minimum(adj, l - 1)[:, None]
+  at_a = jnp.take_along_axis(keys_s[:-1], col, axis=1)[:, 0]
+  at_b = jnp.take_along_axis(keys_s[1:], col, axis=1)[:, 0]
+  a_ends, b_ends = adj == len_s[:-1], adj == len_s[1:]
+  ordered = jnp.where(a_ends, ~b_ends | (order[:-1] < order[1:]), ~b_ends & (at_a < at_b))
+  return order, adj, agree & jnp.all(ordered)
+
+
+def _tree_from_trie_order(mask, lengths, order, adj, node_tokens):
+  """One group's `PrefixTree` from its trie order and adjacent lcps."""
+  g, l = mask.shape
+  num_nodes = 1 + g * l
+  k, position = jnp.arange(g)[:, None], jnp.arange(l)
+  len_s = lengths[order]
+  mask_s = position < len_s[:, None]
+
+  # Runs: the node after token t of trie row k spans rows first..last.
+  cut_before = (k == 0) | (jnp.pad(adj, (1, 0))[:, None] <= position)
+  cut_after = (k == g - 1) | (jnp.pad(adj, (0, 1))[:, None] <= position)
+  first_s = jax.lax.associative_scan(jnp.maximum, jnp.where(cut_before, k, 0), axis=0)
+  last_s = jax.lax.associative_scan(jnp.minimum, jnp.where(cut_after, k, g - 1), axis=0,
+                                    reverse=True)
+
+  # Per-node arrays, in trie order (node 1 + k·L + t).
+  count_s = last_s - first_s + 1
+  node_s = 1 + first_s * l + position
+  owns = mask_s & (first_s == k)
+  flat = lambda x, root: jnp.concatenate([jnp.array([root], jnp.int32), x.reshape(-1)])
+
+  # Per-token arrays, in the input's row order.
+  rank = jnp.argsort(order)
+  first = jnp.where(mask, first_s[rank], 0).astype(jnp.int32)
+  last = jnp.where(mask, last_s[rank], 0).astype(jnp.int32)
+  count = jnp.where(mask, last - first + 1, 0)
+  node = jnp.where(mask, 1 + first * l + position, num_nodes)
+  return PrefixTree(
+      mask=mask,
+      node=node,
+      parent=jnp.where(mask, _shift_right(node, 0), num_nodes),
+      count=count,
+      branches=mask & (_shift_right(count, g) > count),
+      first=first,
+      last=last,
+      order=order,
+      lcp=_exact_lcp_from_adjacent(adj, len_s)[rank][:, rank],
+      node_count=flat(jnp.where(owns, count_s, 0), g),
+      node_parent=flat(jnp.where(owns, _shift_right(node_s, 0), num_nodes), num_nodes),
+      node_depth=flat(jnp.where(owns, position + 1, 0), 0),
+      node_token=flat(jnp.where(owns, node_tokens[order], -1), -1),
+  )
+
+
+def _exact_lcp_from_adjacent(adj, lengths):
+  """lcp in trie order: the minimum of the adjacent lcps between two rows. [G-1], [G] -> [G, G]."""
+  g = lengths.shape[0]
+  big = jnp.iinfo(jnp.int32).max
+  i, j = jnp.meshgrid(jnp.arange(g), jnp.arange(g), indexing="ij")
+  # run_min[i, j] = min(adj[i:j]) for j > i.
+  steps = jnp.where(jnp.arange(g - 1)[None, :] >= i[:, :1], adj[None, :], big)  # [G, G-1]
+  run_min = jax.lax.cummin(steps, axis=1)  # min(adj[i:j+1])
+  upper = jnp.pad(run_min, ((0, 0), (1, 0)), constant_values=big)  # at j: min(adj[i:j])
+  lcp = jnp.where(j > i, upper, upper.T)
+  return jnp.where(i == j, lengths[:, None], lcp).astype(jnp.int32)
