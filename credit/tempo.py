@@ -4,6 +4,7 @@ import jax.numpy as jnp
 
 import trees
 from credit.groups import all_equal, group_stats
+from credit.outcome import grpo
 from credit.registry import register
 from credit.rollouts import Rollouts
 
@@ -29,10 +30,10 @@ def tempo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
   tree = tree_of(rollouts)
   v_before, v_after = trees.prefix_values(tree, rewards)
-  mean, std = group_stats(rewards)
-  adv = (rewards - mean)[..., None] + (v_after - v_before)
+  td = v_after - v_before  # exactly 0 where nothing branches
   if scale_by_std:
-    adv = adv / (std + eps)[..., None]
+    td = td / (group_stats(rewards)[1] + eps)[..., None]
   if rewards.shape[-1] > 1:
-    adv = jnp.where(all_equal(rewards)[..., None], 0.0, adv)
-  return jnp.where(tree.mask, adv, 0.0)
+    td = jnp.where(all_equal(rewards)[..., None], 0.0, td)
+  outcome = grpo(rollouts.replace(mask=tree.mask), scale_by_std=scale_by_std, eps=eps)
+  return jnp.where(tree.mask, outcome + td, 0.0)

@@ -115,7 +115,8 @@ def _prefix_values(tree, rewards):
   root = sums[-1] / rewards.shape[0]  # the same arithmetic as a node spanning all G
   v_before = jnp.concatenate([jnp.full((v_after.shape[0], 1), root),
                               v_after[:, :-1]], axis=1)
-  return jnp.where(tree.mask, v_before, 0.0), v_after
+  # Where nothing branches the node sets are equal: make the values equal bit for bit.
+  return jnp.where(tree.branches, v_before, v_after), v_after
 
 
 def prefix_values(tree: PrefixTree, rewards) -> tuple[jax.Array, jax.Array]:
