@@ -261,3 +261,23 @@ def test_validate_names_the_problem(change, message):
 def test_validate_accepts_good_rollouts():
   r = credit.Rollouts(**_valid())
   assert credit.validate(r) is r
+
+
+class EstimatorVariantsTest(chex.TestCase):
+  """jit and no-jit give the same advantages, with the documented shapes and dtype."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_variants(self):
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, 3, (2, 4, 5)).astype(np.int32)
+    mask = np.arange(5) < rng.integers(0, 6, (2, 4))[..., None]
+    rewards = rng.random((2, 4)).astype(np.float32)
+    r = _rollouts(tokens, mask, rewards)
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "tempo", "returns"):
+      fn = self.variant(credit.get(name))
+      adv = fn(r)
+      chex.assert_shape(adv, tokens.shape)
+      chex.assert_type(adv, jnp.float32)
+      chex.assert_tree_all_finite(adv)
+      chex.assert_trees_all_close(adv, jax.jit(credit.get(name))(r), atol=1e-6)
+      assert (np.asarray(adv)[~mask] == 0).all()
