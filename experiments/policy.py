@@ -1,0 +1,214 @@
+"""Small Llama-style decoder-only policy (Flax linen) with a static-shape KV cache.
+
+Architecture: token embedding -> `num_layers` x [pre-RMSNorm causal self-attention
+with RoPE, pre-RMSNorm SwiGLU MLP] -> final RMSNorm -> untied output head. No biases.
+At the defaults with a 14-token vocab it has 393,344 parameters.
+
+Conventions
+  * Shapes: B batch rows, T tokens in a call, P prompt length, L response length,
+    V vocab, S = cfg.max_len cache slots, H heads, Dh head dim.
+  * Positions are absolute token indices within a row (prompt starts at 0) and feed
+    RoPE. Cache slot j holds the key/value of position j.
+  * Prompts are RIGHT-padded: row b holds its prompt at positions [0, prompt_len[b]),
+    padding after. Equal-length prompts (`prompt_len=None`) are the main case.
+  * With a cache, a call first writes its keys/values at `positions`, then attends
+    to all slots <= the query position. Since a row always writes slot `pos` before
+    querying from `pos`, slots beyond a row's current position may hold stale data
+    (prompt padding, a sibling's continuation after a fork) with no effect.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+  """Static model hyper-parameters (hashable, usable as a jit static arg)."""
+  vocab_size: int
+  d_model: int = 128
+  num_layers: int = 2
+  num_heads: int = 4
+  d_ff: int = 336
+  max_len: int = 64  # Cache slots: total prompt + response positions.
+  rope_base: float = 10000.0
+  dtype: Any = jnp.float32  # Compute dtype; params and logits are float32.
+
+  def __post_init__(self):
+    if self.d_model % self.num_heads:
+      raise ValueError(f'd_model={self.d_model} not divisible by num_heads={self.num_heads}')
+    if self.head_dim % 2:
+      raise ValueError(f'RoPE needs an even head_dim, got {self.head_dim}')
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+
+@struct.dataclass
+class KVCache:
+  """Keys and values per layer: `k`, `v` [num_layers, B, S, H, Dh]."""
+  k: jax.Array
+  v: jax.Array
+
+
+def init_cache(cfg: PolicyConfig, batch_size: int) -> KVCache:
+  """Zero cache for `batch_size` rows: [num_layers, B, max_len, H, Dh]."""
+  shape = (cfg.num_layers, batch_size, cfg.max_len, cfg.num_heads, cfg.head_dim)
+  return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype))
+
+
+def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
+  """Rotary embedding (rotate-half form): x [B, T, H, Dh], positions [B, T]."""
+  half = x.shape[-1] // 2
+  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  ang = positions.astype(jnp.float32)[..., None] * freq  # [B, T, Dh/2]
+  sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+  eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],))
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * scale).astype(x.dtype)
+
+
+class Block(nn.Module):
+  """Pre-norm decoder block. Updates layer `layer` of the (optional) stacked cache."""
+  cfg: PolicyConfig
+  layer: int
+
+  @nn.compact
+  def __call__(self, x, positions, cache):
+    cfg = self.cfg
+    dense = lambda feats, name, axis=-1: nn.DenseGeneral(
+        feats, axis=axis, use_bias=False, dtype=cfg.dtype, name=name)
+    heads = (cfg.num_heads, cfg.head_dim)
+
+    h = RMSNorm(name='attn_norm')(x)
+    q = rope(dense(heads, 'q')(h), positions, cfg.rope_base)  # [B, T, H, Dh]
+    k = rope(dense(heads, 'k')(h), positions, cfg.rope_base)
+    v = dense(heads, 'v')(h)
+    if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
+      keys, values, key_pos = k, v, positions
+    else:  # Write at `positions`, then attend over all S slots.
+      rows = jnp.arange(x.shape[0])[:, None]
+      cache = KVCache(
+          k=cache.k.at[self.layer, rows, positions].set(k.astype(cache.k.dtype)),
+          v=cache.v.at[self.layer, rows, positions].set(v.astype(cache.v.dtype)))
+      keys, values = cache.k[self.layer], cache.v[self.layer]
+      key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+    visible = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S]
+    scores = jnp.einsum('bthd,bshd->bhts', q, keys).astype(jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
+    scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+    attn = jnp.einsum('bhts,bshd->bthd', probs, values)
+    x = x + dense(cfg.d_model, 'o', axis=(-2, -1))(attn)
+
+    h = RMSNorm(name='mlp_norm')(x)
+    gate, up = dense(cfg.d_ff, 'gate')(h), dense(cfg.d_ff, 'up')(h)
+    x = x + dense(cfg.d_model, 'down')(nn.silu(gate) * up)
+    return x, cache
+
+
+class Transformer(nn.Module):
+  """tokens, positions [B, T] (+ optional KVCache) -> logits [B, T, V] f32, cache."""
+  cfg: PolicyConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions, cache=None):
+    cfg = self.cfg
+    x = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, name='embed')(tokens)
+    for i in range(cfg.num_layers):
+      x, cache = Block(cfg, layer=i, name=f'block_{i}')(x, positions, cache)
+    x = RMSNorm(name='final_norm')(x)
+    logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name='head')(x)
+    return logits.astype(jnp.float32), cache
+
+
+def init_params(key: jax.Array, cfg: PolicyConfig):
+  """Fresh parameter pytree (the 'params' collection)."""
+  dummy = jnp.zeros((1, 1), jnp.int32)
+  return jax.jit(Transformer(cfg).init)(key, dummy, dummy)['params']
+
+
+def num_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def apply(params, cfg: PolicyConfig, tokens, positions, cache=None):
+  """Forward: tokens, positions [B, T] -> (logits [B, T, V] f32, cache or None)."""
+  return Transformer(cfg).apply({'params': params}, tokens, positions, cache)
+
+
+def forward(params, cfg: PolicyConfig, tokens):
+  """Causal forward without cache: tokens [B, T] -> logits [B, T, V] f32."""
+  pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  return apply(params, cfg, tokens, pos)[0]
+
+
+def prefill(params, cfg: PolicyConfig, prompts):
+  """Runs prompts [B, P] into a fresh cache of B rows -> (logits [B, P, V], cache)."""
+  b, p = prompts.shape
+  if p > cfg.max_len:
+    raise ValueError(f'prompt length {p} > max_len {cfg.max_len}')
+  pos = jnp.broadcast_to(jnp.arange(p), (b, p))
+  return apply(params, cfg, prompts, pos, init_cache(cfg, b))
+
+
+def decode_step(params, cfg: PolicyConfig, cache: KVCache, tokens, positions):
+  """One token per row: tokens, positions [B] -> (next-token logits [B, V], cache)."""
+  logits, cache = apply(params, cfg, tokens[:, None], positions[:, None], cache)
+  return logits[:, 0], cache
+
+
+def log_softmax_entropy(logits):
+  """logits [..., V] -> (log-probs [..., V], entropy [...]) in float32."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return logp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=None):
+  """Teacher-forced log p(response token) and policy entropy at each response step.
+
+  One full causal forward pass over prompt + response (differentiable).
+
+  Args:
+    prompts: [B, P] int32, right-padded if `prompt_len` is given.
+    responses: [B, L] int32. Entries after EOS only affect outputs at their own
+      (masked-out) positions, never earlier ones.
+    prompt_len: optional [B] int32 true prompt lengths (>= 1); None = all P.
+  Returns:
+    logprobs [B, L] f32: log p(responses[:, t] | prompt, responses[:, :t]).
+    entropy [B, L] f32: entropy of that next-token distribution.
+  """
+  b, p = prompts.shape
+  l = responses.shape[1]
+  if prompt_len is None:
+    seq = jnp.concatenate([prompts, responses], axis=1)
+    idx = jnp.broadcast_to(p - 1 + jnp.arange(l), (b, l))
+  else:  # Pack as prompt[:len] + response + (ignored tail) per row.
+    j = jnp.arange(p + l)[None, :]
+    plen = prompt_len.astype(jnp.int32)[:, None]
+    from_prompt = jnp.take_along_axis(
+        prompts, jnp.broadcast_to(jnp.minimum(j, p - 1), (b, p + l)), 1)
+    from_resp = jnp.take_along_axis(responses, jnp.clip(j - plen, 0, l - 1), 1)
+    seq = jnp.where(j < plen, from_prompt, from_resp)
+    idx = plen - 1 + jnp.arange(l)[None, :]
+  logits = forward(params, cfg, seq[:, :-1])  # [B, P+L-1, V]
+  logits = jnp.take_along_axis(logits, idx[..., None], axis=1)  # [B, L, V]
+  logp, entropy = log_softmax_entropy(logits)
+  lp = jnp.take_along_axis(logp, responses[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return lp, entropy

@@ -1,0 +1,508 @@
+"""I.i.d. and tree-structured samplers with prefix KV-cache reuse (jitted).
+
+Output `Samples` are [B, G, L]: B prompts, G responses per prompt, L = max_new_tokens.
+
+Conventions
+  * `logprobs` / `entropy` are under the model's UNTEMPERED distribution
+    (temperature 1, no top-k / top-p), whatever was used for sampling: this is
+    what PPO/GRPO ratios against `policy.token_logprobs` need.
+  * `mask[b, g, t]` is True on generated tokens up to and including the first EOS
+    (a prefix run from t = 0; all True if no EOS). After it tokens are `pad_id`
+    and logprobs / entropy are 0.
+  * Tree: `parent[b, g]` is the response g forked from, -1 for a root chain;
+    `fork[b, g]` is the number of leading response tokens g copied (not sampled)
+    from its parent, 0 for roots. Always parent < g,
+    tokens[g, :fork] == tokens[parent, :fork] (logprobs too) and
+    0 <= fork <= length(parent) (length = mask.sum()).
+  * Randomness: response g of prompt b owns the key
+        node_key = fold_in(fold_in(key, prompt_ids[b]), g)
+    and token t (t >= fork[g]; earlier ones are copied) is drawn by inverse-CDF
+    sampling with u = uniform(node_key, (L,))[t], so a branch does not depend on
+    the batch layout. The uniforms are drawn up front (`response_uniforms`),
+    so the decode loops contain no PRNG (cheaper to compile and run).
+    `prompt_ids` defaults to arange(B); pass stable ids (e.g. dataset indices)
+    to make samples invariant to batching and permutation. With the same key,
+    the chains of `sample_tree_forks` equal `sample_iid(num_chains)` and leaf 0
+    of `sample_tree_fixed` equals response 0 of `sample_iid`.
+  * temperature (0 = greedy), top_k, top_p are traced: changing them, or
+    prompt_len / prompt_ids, does not recompile. Static: cfg, sizes, eos_id,
+    pad_id, the tree shape and the fork policy.
+  * Prompts are right-padded (see policy.py); `prompt_len` [B] gives true lengths
+    (None = all P). P + L must be <= cfg.max_len.
+  * Decode loops are `lax.while_loop`s of one-token steps over a static-shape KV
+    cache that stop as soon as every row has emitted EOS or reached its stop index.
+
+Building blocks (pure, composable): `response_uniforms` (all randomness, up
+front), `start` (prefill once per prompt, repeat the cache per response),
+`decode` (one-token steps until `stop`), `fork` (copy rows and their caches,
+truncated at fork positions), fork policies returning `(source, position)`
+arrays, and `to_samples`.
+"""
+
+import dataclasses
+import functools
+import itertools
+import math
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from experiments import policy
+
+
+@struct.dataclass
+class Samples:
+  """Sampled responses; see the module docstring for conventions."""
+  tokens: jax.Array    # [B, G, L] int32
+  logprobs: jax.Array  # [B, G, L] f32, untempered log p(token)
+  entropy: jax.Array   # [B, G, L] f32, untempered entropy at each step
+  mask: jax.Array      # [B, G, L] bool
+  parent: jax.Array    # [B, G] int32, -1 for roots
+  fork: jax.Array      # [B, G] int32, copied prefix length
+
+  @property
+  def lengths(self) -> jax.Array:
+    """[B, G] int32 number of generated tokens (incl. EOS)."""
+    return self.mask.sum(-1).astype(jnp.int32)
+
+
+@struct.dataclass
+class Rollout:
+  """Per-row decode state and response buffers; R rows, L = max_new_tokens.
+
+  Row r feeds `token` at position `prompt_len + index - 1` and samples response
+  token `index` next, using `uniforms[r, index]`.
+  """
+  cache: policy.KVCache   # [num_layers, R, S, H, Dh]
+  uniforms: jax.Array     # [R, L] f32, the row's response's uniform stream
+  prompt_len: jax.Array   # [R] int32
+  prompt_last: jax.Array  # [R] int32, last prompt token
+  token: jax.Array        # [R] int32, next token to feed
+  index: jax.Array        # [R] int32, response index of next sampled token
+  done: jax.Array         # [R] bool, emitted EOS
+  tokens: jax.Array       # [R, L] int32
+  logprobs: jax.Array     # [R, L] f32
+  entropy: jax.Array      # [R, L] f32
+  mask: jax.Array         # [R, L] bool
+
+
+# ----------------------------------------------------------------------------
+# Token selection.
+
+
+def filter_logits(logits, temperature=1.0, top_k=0, top_p=1.0):
+  """Tempered, top-k then nucleus-filtered logits [..., V] (dropped = -inf).
+
+  top_k <= 0 or >= V disables top-k; top_p >= 1 disables nucleus filtering,
+  which keeps the smallest set of most likely tokens (after top-k,
+  renormalized) whose mass reaches top_p, and always the most likely one.
+  Ties at a threshold are kept. Needs temperature > 0. The three settings may
+  be traced scalars (no recompilation); costs one sort over V.
+  """
+  logits = logits.astype(jnp.float32) / temperature
+  vocab = logits.shape[-1]
+  rank = jnp.arange(vocab)
+  k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+  desc = jnp.where(rank < k, -jnp.sort(-logits, axis=-1), -jnp.inf)
+  probs = jax.nn.softmax(desc, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep = (rank < k) & ((mass_before < top_p) | (top_p >= 1.0))
+  thresh = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(logits >= thresh, logits, -jnp.inf)
+
+
+def select_tokens(u, logits, temperature=1.0, top_k=0, top_p=1.0):
+  """Inverse-CDF sampling: u [R] in [0, 1), logits [R, V] -> tokens [R] int32.
+
+  Picks the first token whose cumulative (filtered, tempered) probability
+  exceeds u. temperature 0 = greedy (argmax). Settings may be traced scalars.
+  """
+  temperature = jnp.asarray(temperature, jnp.float32)
+  greedy = jnp.argmax(logits, axis=-1)
+  filtered = filter_logits(logits, jnp.where(temperature > 0, temperature, 1.0), top_k, top_p)
+  weights = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))
+  cdf = jnp.cumsum(weights, axis=-1)
+  sampled = jnp.argmax(cdf > u[:, None] * cdf[:, -1:], axis=-1)
+  return jnp.where(temperature > 0, sampled, greedy).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------
+# Building blocks.
+
+
+def response_uniforms(key, prompt_ids, response_ids, length: int):
+  """All randomness of a sampler: u [B, n, length] f32 in [0, 1).
+
+  u[b, j] = uniform(fold_in(fold_in(key, prompt_ids[b]), response_ids[j]),
+  (length,)): response g of a prompt draws token t by inverse CDF at u[t].
+  """
+  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+  response_ids = jnp.asarray(response_ids, jnp.int32)
+  b, n = prompt_ids.shape[0], response_ids.shape[0]
+  prompt_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, prompt_ids)
+  node_keys = jax.vmap(jax.random.fold_in)(  # Flat [B * n] (compiles faster than nested).
+      jnp.repeat(prompt_keys, n, axis=0), jnp.tile(response_ids, b))
+  u = jax.vmap(lambda k: jax.random.uniform(k, (length,)))(node_keys)
+  return u.reshape(b, n, length)
+
+
+def start(params, cfg: policy.PolicyConfig, prompts, uniforms, *, prompt_len=None,
+          pad_id: int = 0) -> Rollout:
+  """Prefills prompts [B, P] once and repeats each cache row per response.
+
+  uniforms: [B, n, L] (see `response_uniforms`). Returns a Rollout of R = B * n
+  rows; row b * n + j samples with uniforms[b, j] from response index 0.
+  """
+  b, p = prompts.shape
+  n, l = uniforms.shape[1:]
+  if p + l > cfg.max_len:
+    raise ValueError(f'P + L = {p + l} > max_len = {cfg.max_len}')
+  prompt_len = (jnp.full((b,), p, jnp.int32) if prompt_len is None
+                else jnp.asarray(prompt_len, jnp.int32))
+  _, cache = policy.prefill(params, cfg, prompts)
+  rows = np.repeat(np.arange(b), n)  # Prompt of each row.
+  last = jnp.take_along_axis(prompts, (prompt_len - 1)[:, None], axis=1)[:, 0]
+  last = last[rows].astype(jnp.int32)
+  r = b * n
+  return Rollout(
+      cache=jax.tree.map(lambda x: x[:, rows], cache),
+      uniforms=uniforms.reshape(r, l).astype(jnp.float32),
+      prompt_len=prompt_len[rows],
+      prompt_last=last,
+      token=last,
+      index=jnp.zeros((r,), jnp.int32),
+      done=jnp.zeros((r,), bool),
+      tokens=jnp.full((r, l), pad_id, jnp.int32),
+      logprobs=jnp.zeros((r, l), jnp.float32),
+      entropy=jnp.zeros((r, l), jnp.float32),
+      mask=jnp.zeros((r, l), bool))
+
+
+def decode(params, cfg: policy.PolicyConfig, state: Rollout, stop, *,
+           temperature=1.0, top_k=0, top_p=1.0, eos_id: Optional[int] = None) -> Rollout:
+  """Samples one token per active row per step until response index `stop`.
+
+  `stop` (int or traced scalar) <= L; sampling settings may be traced.
+
+  A row is active while not done and `index < stop`; the loop ends when no row
+  is active (at most `stop` steps). Inactive rows keep their state; their
+  compute is wasted as in any lockstep decoder, and the only cache slot they
+  rewrite is their current position, with their current token.
+  """
+  length = state.tokens.shape[1]
+  slots = jnp.arange(length)[None, :]
+
+  def active(s):
+    return ~s.done & (s.index < stop)
+
+  def body(s):
+    act = active(s)
+    logits, cache = policy.decode_step(
+        params, cfg, s.cache, s.token, s.prompt_len + s.index - 1)
+    logp, ent = policy.log_softmax_entropy(logits)
+    u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.index, length - 1)[:, None], 1)[:, 0]
+    new = select_tokens(u, logits, temperature, top_k, top_p)
+    lp = jnp.take_along_axis(logp, new[:, None], axis=-1)[:, 0]
+    write = act[:, None] & (slots == s.index[:, None])
+    finished = (new == eos_id) if eos_id is not None else jnp.zeros_like(act)
+    return s.replace(
+        cache=cache,
+        token=jnp.where(act, new, s.token),
+        index=jnp.where(act, s.index + 1, s.index),
+        done=s.done | (act & finished),
+        tokens=jnp.where(write, new[:, None], s.tokens),
+        logprobs=jnp.where(write, lp[:, None], s.logprobs),
+        entropy=jnp.where(write, ent[:, None], s.entropy),
+        mask=s.mask | write)
+
+  return jax.lax.while_loop(lambda s: jnp.any(active(s)), body, state)
+
+
+def fork(state: Rollout, source, position, uniforms, *, pad_id: int = 0) -> Rollout:
+  """New rows copying rows `source` [R'] (KV cache included) up to `position` [R'].
+
+  Row i keeps response tokens [:position[i]] of row source[i] and samples
+  from index position[i] on with `uniforms[i]` ([R', L], its own response's
+  stream), reusing the copied cache (no prefix recomputation). Needs position
+  <= the source's generated length (its `index`). A fork at or beyond the
+  source's EOS yields a done row identical to its source.
+  """
+  s = jax.tree.map(lambda x: x[source], state.replace(cache=None))
+  cache = jax.tree.map(lambda x: x[:, source], state.cache)
+  position = jnp.asarray(position, jnp.int32)
+  length = s.tokens.shape[1]
+  keep = jnp.arange(length)[None, :] < position[:, None]
+  prev = jnp.take_along_axis(s.tokens, jnp.clip(position - 1, 0, length - 1)[:, None], 1)[:, 0]
+  return s.replace(
+      cache=cache,
+      uniforms=jnp.asarray(uniforms, jnp.float32),
+      token=jnp.where(position > 0, prev, s.prompt_last),
+      index=position,
+      done=s.done & (position >= s.mask.sum(-1)),
+      tokens=jnp.where(keep, s.tokens, pad_id),
+      logprobs=jnp.where(keep, s.logprobs, 0.0),
+      entropy=jnp.where(keep, s.entropy, 0.0),
+      mask=keep & s.mask)
+
+
+def to_samples(state: Rollout, num_prompts: int, parent=None, fork_pos=None) -> Samples:
+  """Reshapes B * G rows (prompt-major) into Samples [B, G, L]."""
+  r, l = state.tokens.shape
+  g = r // num_prompts
+  shape = lambda x: x.reshape(num_prompts, g, l)
+  if parent is None:
+    parent = jnp.full((num_prompts, g), -1, jnp.int32)
+  if fork_pos is None:
+    fork_pos = jnp.zeros((num_prompts, g), jnp.int32)
+  return Samples(tokens=shape(state.tokens), logprobs=shape(state.logprobs),
+                 entropy=shape(state.entropy), mask=shape(state.mask),
+                 parent=jnp.asarray(parent, jnp.int32), fork=jnp.asarray(fork_pos, jnp.int32))
+
+
+def _concat(a: Samples, b: Samples) -> Samples:
+  return jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=1), a, b)
+
+
+# ----------------------------------------------------------------------------
+# Samplers: short Python sequences of jitted stages (uniforms, start, decode,
+# fork, finish). Compiled stages are cached by shape and shared between
+# samplers (e.g. a decode over R rows); `stop`, temperature, top_k, top_p,
+# prompt_len and prompt_ids are traced, so changing them never recompiles.
+
+
+def _inputs(cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p):
+  prompts = jnp.asarray(prompts, jnp.int32)
+  b, p = prompts.shape
+  if p + max_new_tokens > cfg.max_len:
+    raise ValueError(f'P + L = {p + max_new_tokens} > max_len = {cfg.max_len}')
+  prompt_len = (jnp.full((b,), p, jnp.int32) if prompt_len is None
+                else jnp.asarray(prompt_len, jnp.int32))
+  prompt_ids = (jnp.arange(b, dtype=jnp.int32) if prompt_ids is None
+                else jnp.asarray(prompt_ids, jnp.int32))
+  knobs = dict(temperature=jnp.asarray(temperature, jnp.float32),
+               top_k=jnp.asarray(top_k, jnp.int32), top_p=jnp.asarray(top_p, jnp.float32))
+  return prompts, prompt_len, prompt_ids, knobs
+
+
+_uniforms_jit = jax.jit(response_uniforms, static_argnames='length')
+_to_samples = jax.jit(to_samples, static_argnums=1)
+
+
+@functools.partial(jax.jit, static_argnames=('cfg', 'pad_id'))
+def _start(params, prompts, uniforms, prompt_len, *, cfg, pad_id):
+  return start(params, cfg, prompts, uniforms, prompt_len=prompt_len, pad_id=pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=('cfg', 'eos_id'))
+def _decode(params, state, stop, knobs, *, cfg, eos_id):
+  return decode(params, cfg, state, stop, eos_id=eos_id, **knobs)
+
+
+_fork = jax.jit(fork, static_argnames='pad_id')
+
+
+def _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_samples,
+            max_new_tokens, eos_id, pad_id) -> Rollout:
+  """B * num_samples i.i.d. rows decoded to the end."""
+  u = _uniforms_jit(key, prompt_ids, np.arange(num_samples, dtype=np.int32),
+                    length=max_new_tokens)
+  state = _start(params, prompts, u, prompt_len, cfg=cfg, pad_id=pad_id)
+  return _decode(params, state, max_new_tokens, knobs, cfg=cfg, eos_id=eos_id)
+
+
+def sample_iid(params, cfg: policy.PolicyConfig, key, prompts, num_samples: int,
+               max_new_tokens: int, *, temperature=1.0, top_p=1.0, top_k=0,
+               eos_id: Optional[int] = None, pad_id: int = 0, prompt_len=None,
+               prompt_ids=None) -> Samples:
+  """G = num_samples i.i.d. responses per prompt: prompts [B, P] -> Samples [B, G, L].
+
+  Each prompt is prefilled once and its cache repeated G times. parent = -1 and
+  fork = 0 everywhere. temperature 0 = greedy.
+  """
+  prompts, prompt_len, prompt_ids, knobs = _inputs(
+      cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
+  state = _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_samples,
+                  max_new_tokens, eos_id, pad_id)
+  return _to_samples(state, prompts.shape[0])
+
+
+def fixed_tree(branching: Sequence[int], segment_len: int):
+  """Static layout of the fixed-branching tree.
+
+  Leaves g are ordered lexicographically by their path (i_0, ..., i_{K-1}),
+  i_l in [0, branching[l]). The first child (i_l = 0) continues its parent's
+  response; child i_l > 0 forks from it after l * segment_len tokens.
+
+  Returns numpy int32 arrays:
+    parent [G], fork [G]: the tree before EOS clipping (roots: -1, 0).
+    level_ids: list of [prod(branching[:l+1])], the response each row samples
+      for at level l (the first leaf below that node).
+  """
+  branching = tuple(int(b) for b in branching)
+  strides = np.array([math.prod(branching[l + 1:]) for l in range(len(branching))])
+  paths = np.array(list(itertools.product(*map(range, branching))), np.int64)
+  g = len(paths)
+  parent = np.full((g,), -1, np.int32)
+  fork_pos = np.zeros((g,), np.int32)
+  for i, path in enumerate(paths):
+    nz = np.flatnonzero(path)
+    if nz.size and nz[-1] > 0:
+      j = nz[-1]
+      parent[i] = (path[:j] * strides[:j]).sum()
+      fork_pos[i] = j * segment_len
+  level_ids = []
+  for l in range(len(branching)):
+    prefix = np.array(list(itertools.product(*map(range, branching[:l + 1]))), np.int64)
+    level_ids.append((prefix * strides[:l + 1]).sum(-1).astype(np.int32))
+  return parent, fork_pos, level_ids
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _finish_fixed(state, num_prompts, parent, fork_pos):
+  """Samples with the static tree, fork clipped to the parent's length."""
+  out = to_samples(state, num_prompts, parent, fork_pos)
+  lengths = out.lengths
+  parent_len = jnp.take_along_axis(lengths, jnp.maximum(out.parent, 0), axis=1)
+  return out.replace(fork=jnp.where(out.parent >= 0, jnp.minimum(out.fork, parent_len), 0))
+
+
+def sample_tree_fixed(params, cfg: policy.PolicyConfig, key, prompts,
+                      branching: Sequence[int], segment_len: int, max_new_tokens: int, *,
+                      temperature=1.0, top_p=1.0, top_k=0, eos_id: Optional[int] = None,
+                      pad_id: int = 0, prompt_len=None, prompt_ids=None) -> Samples:
+  """Fixed-branching tree (SPO-tree / TreePO style): prompts [B, P] -> [B, G, L].
+
+  Level 0 samples branching[0] chains of segment_len tokens from the prompt; at
+  level l each frontier row's cache is repeated branching[l] times and the rows
+  sample the next segment_len tokens; the last level runs to L. G =
+  prod(branching). Layout, parent and fork as in `fixed_tree`, with fork
+  clipped to the parent's length (a child forked after its parent's EOS is an
+  identical copy of it). Needs (len(branching) - 1) * segment_len < L.
+  """
+  branching = tuple(int(b) for b in branching)
+  if not branching or min(branching) < 1 or segment_len < 1:
+    raise ValueError(f'bad tree: branching={branching}, segment_len={segment_len}')
+  if (len(branching) - 1) * segment_len >= max_new_tokens:
+    raise ValueError('the last level would start at or after max_new_tokens')
+  prompts, prompt_len, prompt_ids, knobs = _inputs(
+      cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
+  b, l = prompts.shape[0], max_new_tokens
+  parent, fork_pos, level_ids = fixed_tree(branching, segment_len)
+  u = _uniforms_jit(key, prompt_ids, np.arange(len(parent), dtype=np.int32), length=l)
+  state = _start(params, prompts, u[:, level_ids[0]], prompt_len, cfg=cfg, pad_id=pad_id)
+  for level in range(len(branching)):
+    if level > 0:
+      source = np.repeat(np.arange(state.tokens.shape[0]), branching[level])
+      position = np.full(source.shape, level * segment_len, np.int32)
+      state = _fork(state, source, position, u[:, level_ids[level]].reshape(-1, l),
+                    pad_id=pad_id)
+    stop = l if level == len(branching) - 1 else (level + 1) * segment_len
+    state = _decode(params, state, stop, knobs, cfg=cfg, eos_id=eos_id)
+  shape = (b, len(parent))
+  return _finish_fixed(state, b, np.broadcast_to(parent, shape), np.broadcast_to(fork_pos, shape))
+
+
+# A fork policy maps the chains `Samples` [B, N, L] to (source [B, K], position
+# [B, K]) int32: child k of prompt b forks from chain source[b, k] in [0, N) and
+# keeps its first position[b, k] tokens. Must be hashable (a jit static arg),
+# e.g. a frozen dataclass.
+ForkPolicy = Callable[[Samples], tuple]
+
+
+@dataclasses.dataclass(frozen=True)
+class EntropyForks:
+  """Forks each chain at its `num_forks` highest-scoring valid positions (TreeRL/EPTree).
+
+  score: 'entropy' (policy entropy at the step) or 'nll' (-log p of the sampled
+  token). Only positions t < length(chain) are eligible; a fork at t keeps
+  tokens[:t] and re-samples token t onwards. Ties go to the earlier position;
+  chains shorter than num_forks repeat their best position. Children are
+  ordered (chain n, fork f, continuation c) -> k = (n * F + f) * C + c, forks
+  of a chain sorted by decreasing score.
+  """
+  num_forks: int
+  num_continuations: int
+  score: str = 'entropy'
+
+  def __call__(self, chains: Samples):
+    if self.score == 'entropy':
+      score = chains.entropy
+    elif self.score == 'nll':
+      score = -chains.logprobs
+    else:
+      raise ValueError(f'unknown score {self.score!r}')
+    b, n, l = chains.tokens.shape
+    if self.num_forks > l:
+      raise ValueError(f'num_forks={self.num_forks} > max_new_tokens={l}')
+    score = jnp.where(chains.mask, score, -jnp.inf)
+    _, pos = jax.lax.top_k(score, self.num_forks)  # [B, N, F]
+    valid = jnp.take_along_axis(chains.mask, pos, axis=-1)
+    pos = jnp.where(valid, pos, pos[..., :1]).reshape(b, n * self.num_forks)
+    source = np.repeat(np.arange(n), self.num_forks * self.num_continuations)
+    source = jnp.broadcast_to(jnp.asarray(source, jnp.int32), (b, source.size))
+    return source, jnp.repeat(pos, self.num_continuations, axis=1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply_policy(fork_policy, chains):
+  """Runs the policy; clips positions into [0, length(source) - 1]."""
+  source, position = fork_policy(chains)
+  source = jnp.asarray(source, jnp.int32)
+  src_len = jnp.take_along_axis(chains.lengths, source, 1)
+  return source, jnp.clip(jnp.asarray(position, jnp.int32), 0, src_len - 1)
+
+
+@jax.jit
+def _children_rows(source, num_chains):
+  b = source.shape[0]
+  return (jnp.arange(b)[:, None] * num_chains + source).reshape(-1)
+
+
+@jax.jit
+def _finish_forks(chains, children, source, position):
+  return _concat(chains, to_samples(children, source.shape[0], source, position))
+
+
+def sample_tree_forks(params, cfg: policy.PolicyConfig, key, prompts, num_chains: int,
+                      max_new_tokens: int, fork_policy: ForkPolicy, *, temperature=1.0,
+                      top_p=1.0, top_k=0, eos_id: Optional[int] = None, pad_id: int = 0,
+                      prompt_len=None, prompt_ids=None) -> Samples:
+  """Chains to the end, then one round of forks chosen by `fork_policy`.
+
+  Samples N = num_chains i.i.d. chains (responses g < N, roots; the same stages
+  as `sample_iid`), asks `fork_policy` for K (source, position) pairs per
+  prompt, and samples child k as response g = N + k from `position` to the
+  end, reusing the chain's KV cache. Positions are clipped into
+  [0, length(source) - 1], so each fork re-samples a token the chain
+  generated. G = N + K; parent = source, fork = position for children.
+  """
+  prompts, prompt_len, prompt_ids, knobs = _inputs(
+      cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
+  b, l = prompts.shape[0], max_new_tokens
+  state = _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_chains, l,
+                  eos_id, pad_id)
+  chains = _to_samples(state, b)
+  source, position = _apply_policy(fork_policy, chains)
+  k = source.shape[1]
+  u = _uniforms_jit(key, prompt_ids, num_chains + np.arange(k, dtype=np.int32), length=l)
+  children = _fork(state, _children_rows(source, num_chains), position.reshape(-1),
+                   u.reshape(b * k, l), pad_id=pad_id)
+  children = _decode(params, children, l, knobs, cfg=cfg, eos_id=eos_id)
+  return _finish_forks(chains, children, source, position)
+
+
+def sample_tree_entropy(params, cfg: policy.PolicyConfig, key, prompts, num_chains: int,
+                        num_forks: int, num_continuations: int, max_new_tokens: int, *,
+                        score: str = 'entropy', **kwargs) -> Samples:
+  """Entropy-guided tree (TreeRL/EPTree): `sample_tree_forks` with `EntropyForks`.
+
+  G = num_chains * (1 + num_forks * num_continuations); responses [0, N) are
+  the chains, then children ordered by (chain, fork, continuation). kwargs as
+  in `sample_iid` (temperature, top_p, top_k, eos_id, pad_id, prompt_len,
+  prompt_ids).
+  """
+  return sample_tree_forks(params, cfg, key, prompts, num_chains, max_new_tokens,
+                           EntropyForks(num_forks, num_continuations, score), **kwargs)
