@@ -12,7 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from trees.prefix_tree import PrefixTree
+from trees.prefix_tree import PrefixTree, expand_levels
 
 
 def per_group(fn, static=()):
@@ -107,23 +107,27 @@ to_tokens.__doc__ = """Gathers per-node values [..., N] to tokens [..., G, L] (0
 
 
 def _prefix_values(tree, rewards):
-  """One group: V from prefix sums of the rewards in trie order over each node's run."""
+  """One group: node means per level from prefix sums in trie order, expanded to tokens.
+
+  V(s_t) is V(s_{t-1+1}) shifted by one token, and the root's value is the
+  level-0 entry (the run of all G), so where a response's run does not change
+  the two values come from the same arithmetic and are equal bit for bit.
+  """
   rewards = jnp.asarray(rewards, jnp.float32)
   sums = jnp.concatenate([jnp.zeros(1), jnp.cumsum(rewards[tree.order])])
-  total = jnp.take(sums, tree.last + 1) - jnp.take(sums, tree.first)
-  v_after = jnp.where(tree.mask, total / jnp.maximum(tree.count, 1), 0.0)
-  root = sums[-1] / rewards.shape[0]  # the same arithmetic as a node spanning all G
-  v_before = jnp.concatenate([jnp.full((v_after.shape[0], 1), root),
-                              v_after[:, :-1]], axis=1)
-  # Where nothing branches the node sets are equal: make the values equal bit for bit.
-  return jnp.where(tree.branches, v_before, v_after), v_after
+  count = tree.run_last - tree.run_first + 1
+  table = (sums[tree.run_last + 1] - sums[tree.run_first]) / count  # [G, levels]
+  v_after = expand_levels(table, tree.level)
+  v_before = jnp.concatenate([table[:, :1], v_after[:, :-1]], axis=1)
+  return jnp.where(tree.mask, v_before, 0.0), jnp.where(tree.mask, v_after, 0.0)
 
 
 def prefix_values(tree: PrefixTree, rewards) -> tuple[jax.Array, jax.Array]:
   """TEMPO's Prefix-to-Tree values V(s_t) and V(s_{t+1}) at every token.
 
   Equal to `to_tokens(tree, node_mean(tree, rewards), before=...)`, computed
-  in O(1) per token from the trie-order runs instead of a scatter.
+  per level from prefix sums over the trie-order runs, then expanded to tokens
+  by a one-hot matmul, instead of a scatter and a gather over [G, L].
 
   Args:
     tree: a `PrefixTree` of [..., G, L] groups.

@@ -14,10 +14,12 @@ starts at trie position k has id `1 + k·L + t`; other slots are unused
 (`node_count == 0`). The id N means "no node" (masked tokens, the root's
 parent); segment reductions drop it.
 
-Algorithm (per group, O(G·L + G²·(L/32 + 32)) work): shared-prefix lengths
-from block hashes (`lcp.py`), the trie order from them, an exact check of
-every adjacent pair in that order (an exact O(G²·L) fallback runs if a hash
-collision ever breaks it), then runs as cumulative max/min over the group axis.
+Algorithm (per group, O(G·L + G²·(L/32 + 32)) work plus one-hot matmuls):
+shared-prefix lengths from block hashes (`lcp.py`), the trie order from them,
+an exact check of every adjacent pair in that order (an exact O(G²·L)
+fallback runs if a hash collision ever breaks it). The runs only change at the
+G − 1 adjacent lcps, so they are computed per *level* ([G, G] tables) and
+expanded to tokens with one-hot matmuls; no scans or gathers over [G, L].
 """
 
 import functools
@@ -45,6 +47,10 @@ class PrefixTree:
     first, last: int32 [..., G, L], the responses through the node after token t
       are `order[first:last + 1]`; 0 if masked.
     order: int32 [..., G], the responses in trie order (ties by index).
+    level: int32 [..., L], how many adjacent-in-trie-order lcps are <= t; the
+      node runs only change between levels (at most G per group).
+    run_first, run_last: int32 [..., G, G], per response and level: `first[g, t]
+      = run_first[g, level[t]]` on unmasked tokens (same for `last`).
     lcp: int32 [..., G, G], shared-prefix lengths; lcp[g, g] is g's length.
     node_count: int32 [..., N], n(v), responses through node v (0 = unused slot).
     node_parent: int32 [..., N], parent node (N for the root and unused slots).
@@ -60,6 +66,9 @@ class PrefixTree:
   first: jax.Array
   last: jax.Array
   order: jax.Array
+  level: jax.Array
+  run_first: jax.Array
+  run_last: jax.Array
   lcp: jax.Array
   node_count: jax.Array
   node_parent: jax.Array
@@ -197,33 +206,43 @@ def _trie_order(keys, lengths, lcp):
   return order, adj, agree & jnp.all(ordered)
 
 
+def expand_levels(table, level):
+  """Per-token values from a per-level table: out[g, t] = table[g, level[t]].
+
+  table: [G, G] (rows: responses, columns: levels); level: int [L]. A one-hot
+  matmul (exact at HIGHEST precision), the fastest gather here on CPU and TPU.
+  """
+  one_hot = (level[None, :] == jnp.arange(table.shape[1])[:, None]).astype(jnp.float32)
+  return jnp.matmul(table.astype(jnp.float32), one_hot, precision=jax.lax.Precision.HIGHEST)
+
+
 def _tree_from_trie_order(mask, lengths, order, adj, node_tokens):
   """One group's `PrefixTree` from its trie order and adjacent lcps."""
   g, l = mask.shape
   num_nodes = 1 + g * l
-  k, position = jnp.arange(g)[:, None], jnp.arange(l)
-  len_s = lengths[order]
-  mask_s = position < len_s[:, None]
+  k, position = jnp.arange(g), jnp.arange(l)
 
-  # Runs: the node after token t of trie row k spans rows first..last.
-  cut_before = (k == 0) | (jnp.pad(adj, (1, 0))[:, None] <= position)
-  cut_after = (k == g - 1) | (jnp.pad(adj, (0, 1))[:, None] <= position)
-  first_s = jax.lax.associative_scan(jnp.maximum, jnp.where(cut_before, k, 0), axis=0)
-  last_s = jax.lax.associative_scan(jnp.minimum, jnp.where(cut_after, k, g - 1), axis=0,
-                                    reverse=True)
+  # Level of position t: how many adjacent lcps are <= t. Within a level the
+  # set of cuts between trie-adjacent rows is fixed, so every node run is too.
+  thresholds = jnp.sort(adj)  # [G - 1]
+  level = jnp.sum(thresholds[None, :] <= position[:, None], axis=1, dtype=jnp.int32)  # [L]
+  at_level = jnp.concatenate([jnp.array([-1], adj.dtype), thresholds])  # [G] a t in each level
+  cut_before = (k[None] == 0) | (jnp.pad(adj, (1, 0))[None] <= at_level[:, None])  # [lvl, k]
+  cut_after = (k[None] == g - 1) | (jnp.pad(adj, (0, 1))[None] <= at_level[:, None])
+  first_s = jax.lax.cummax(jnp.where(cut_before, k[None], 0), axis=1)  # [lvl, k]
+  last_s = jax.lax.cummin(jnp.where(cut_after, k[None], g - 1), axis=1, reverse=True)
+  rank = jnp.argsort(order)
+  run_first, run_last = first_s[:, rank].T, last_s[:, rank].T  # [G, lvl], input row order
+
+  first = jnp.where(mask, expand_levels(run_first, level), 0).astype(jnp.int32)
+  last = jnp.where(mask, expand_levels(run_last, level), 0).astype(jnp.int32)
+  count = jnp.where(mask, expand_levels(run_last - run_first + 1, level), 0).astype(jnp.int32)
+  node = jnp.where(mask, 1 + first * l + position, num_nodes)
 
   # Per-node arrays, in trie order (node 1 + k·L + t).
-  count_s = last_s - first_s + 1
-  node_s = 1 + first_s * l + position
-  owns = mask_s & (first_s == k)
+  mask_s, first_t, count_s, node_s = mask[order], first[order], count[order], node[order]
+  owns = mask_s & (first_t == k[:, None])
   flat = lambda x, root: jnp.concatenate([jnp.array([root], jnp.int32), x.reshape(-1)])
-
-  # Per-token arrays, in the input's row order.
-  rank = jnp.argsort(order)
-  first = jnp.where(mask, first_s[rank], 0).astype(jnp.int32)
-  last = jnp.where(mask, last_s[rank], 0).astype(jnp.int32)
-  count = jnp.where(mask, last - first + 1, 0)
-  node = jnp.where(mask, 1 + first * l + position, num_nodes)
   return PrefixTree(
       mask=mask,
       node=node,
@@ -233,7 +252,10 @@ def _tree_from_trie_order(mask, lengths, order, adj, node_tokens):
       first=first,
       last=last,
       order=order,
-      lcp=_exact_lcp_from_adjacent(adj, len_s)[rank][:, rank],
+      level=level,
+      run_first=run_first.astype(jnp.int32),
+      run_last=run_last.astype(jnp.int32),
+      lcp=_exact_lcp_from_adjacent(adj, lengths[order])[rank][:, rank],
       node_count=flat(jnp.where(owns, count_s, 0), g),
       node_parent=flat(jnp.where(owns, _shift_right(node_s, 0), num_nodes), num_nodes),
       node_depth=flat(jnp.where(owns, position + 1, 0), 0),
