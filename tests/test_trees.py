@@ -11,6 +11,7 @@ import reference_trie as ref
 import trees
 from groups import groups
 from trees import lcp as lcp_lib
+from trees import prefix_tree
 
 
 def _python_lcp(a, b):
@@ -84,9 +85,18 @@ def test_hash_collisions_fall_back_to_exact(monkeypatch):
     lengths = jnp.sum(m, axis=-1)
     return jnp.minimum(lengths[:, None], lengths[None, :]).astype(jnp.int32)
 
+  # The over-estimate really fails the exact check ...
+  lengths = jnp.asarray(mask.sum(-1), jnp.int32)
+  _, _, ok = jax.vmap(prefix_tree._trie_order)(tokens, lengths,
+                                               jax.vmap(colliding)(tokens, mask))
+  assert not np.all(ok)
+  # ... and build repairs it, also under a user's vmap (fresh traces: no cached honest ones).
   monkeypatch.setattr(lcp_lib, "lcp_blocked", colliding)
+  jax.clear_caches()
   tree = trees.build(tokens, mask)
   chex.assert_trees_all_equal(tree, honest)
+  chex.assert_trees_all_equal(jax.vmap(trees.build)(tokens, mask), honest)
+  jax.clear_caches()
   for b in range(3):
     _check_against_reference(jax.tree.map(lambda x: x[b], tree), tokens[b], mask[b], rewards[b])
 

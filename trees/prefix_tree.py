@@ -160,15 +160,40 @@ def build_from_keys(keys, mask, *, method: str = "blocked", node_tokens=None) ->
   mask = jnp.arange(l) < lengths[..., None]
   node_tokens = keys if node_tokens is None else node_tokens.reshape((-1, g, l))
 
-  exact = lambda: jax.vmap(_trie_order)(keys, lengths, jax.vmap(lcp_lib.lcp_exact)(keys, mask))
   if method == "exact":
-    order, adj, _ = exact()
+    order, adj, _ = _exact_trie_order(keys, mask, lengths)
   else:
     order, adj, ok = jax.vmap(_trie_order)(keys, lengths,
                                             jax.vmap(lcp_lib.lcp_blocked)(keys, mask))
-    order, adj, _ = jax.lax.cond(jnp.all(ok), lambda: (order, adj, ok), exact)
+    order, adj = _repair(keys, mask, lengths, order, adj, ok)
   tree = jax.vmap(_tree_from_trie_order)(mask, lengths, order, adj, node_tokens)
   return jax.tree.map(lambda x: x.reshape(batch + x.shape[1:]), tree)
+
+
+def _exact_trie_order(keys, mask, lengths):
+  """[N, G, L] groups -> (order, adj, ok) from exact lcps."""
+  return jax.vmap(_trie_order)(keys, lengths, jax.vmap(lcp_lib.lcp_exact)(keys, mask))
+
+
+@jax.custom_batching.custom_vmap
+def _repair(keys, mask, lengths, order, adj, ok):
+  """Redoes the batch of [N, G, L] groups exactly if any hashed order failed its check.
+
+  A `cond` over the whole batch; the exact branch runs only on a hash
+  collision. The custom vmap rule keeps it so under a user's `vmap` (where a
+  plain cond would become a select that always runs the exact branch).
+  """
+  return jax.lax.cond(jnp.all(ok), lambda: (order, adj),
+                      lambda: _exact_trie_order(keys, mask, lengths)[:2])
+
+
+@_repair.def_vmap
+def _repair_vmap(axis_size, in_batched, *args):
+  args = [x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+          for x, batched in zip(args, in_batched)]
+  out = _repair(*[x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]) for x in args])
+  n = args[0].shape[1]
+  return tuple(y.reshape((axis_size, n) + y.shape[1:]) for y in out), (True, True)
 
 
 def _shift_right(x, fill):
