@@ -1,0 +1,504 @@
+"""The shared RL loop: SFT warm start -> (sample -> rewards -> tree -> credit -> update)*.
+
+    params0 = loop.sft(cfg, workdir + '/sft')              # cached in its workdir
+    summary = loop.train(cfg, workdir + '/run', params0, method='tempo:iid')
+
+Each RL step i (all randomness from `fold_in(key(rl.seed), i)`, so a run is a
+function of (config, step) and resuming is exact):
+  prompts = task.sample(...)                        [B, P]
+  samples = sampler(params, prompts)                Samples [B, G, L]
+  rewards = task.reward(...)                        [B, G]
+  old/ref logprobs by teacher forcing               [B, G, L]  (ratio exactly 1 at first)
+  advantages = credit.get(name)(Rollouts(..., tree=trees.from_forks(...) for tree samplers))
+  state, metrics = train_step(state, batch)
+Logs one JSON line per step to <workdir>/metrics.jsonl (step, wall_s, method, timings,
+throughput, losses, and greedy_acc / pass@k every eval.every steps), saves orbax
+checkpoints to <workdir>/checkpoints/ (every rl.ckpt_every steps, at the end and on
+Ctrl-C) together with a config fingerprint; a checkpoint whose fingerprint differs
+is refused. `rl.steps`, eval, seeds/methods, quick and progress are not part of
+the fingerprint, so a run can be extended by raising `rl.steps`.
+"""
+
+import functools
+import hashlib
+import json
+import os
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+import credit
+import envs
+import trees
+from configs import tempo as default_config
+from experiments import policy, sampling
+from experiments import train_step as ts
+
+SAMPLERS = default_config.SAMPLERS
+FREE_DICTS = ('credit.hparams', 'task.kwargs')  # validated by credit / envs themselves
+NOT_FINGERPRINTED = ('quick', 'seeds', 'methods', 'progress', 'eval', 'rl.steps',
+                     'rl.ckpt_every', 'mesh')
+
+
+# ----------------------------------------------------------------------------
+# Config checks and builders.
+
+
+def check_config(cfg, reference=None, prefix=''):
+  """Raises ValueError for a field missing from the reference config, listing valid fields.
+
+  Also checks the task, sampler, credit estimator and loss settings by name.
+  """
+  reference = default_config.get_config() if reference is None else reference
+  for key in cfg.keys():
+    path = prefix + key
+    if key not in reference:
+      raise ValueError(f'unknown config field {path!r}; valid fields'
+                       f'{" of " + prefix[:-1] if prefix else ""}: {", ".join(sorted(reference.keys()))}')
+    if isinstance(cfg[key], ml_collections.ConfigDict) and path not in FREE_DICTS:
+      check_config(cfg[key], reference[key], path + '.')
+  if prefix:
+    return
+  envs.get(cfg.task.name, **dict(cfg.task.kwargs))
+  credit.get(cfg.credit.name)
+  if cfg.sampler.name not in SAMPLERS:
+    raise ValueError(f'unknown sampler {cfg.sampler.name!r}; valid: {", ".join(SAMPLERS)}')
+  loss_config(cfg)
+  for m in parse_methods(cfg.methods):
+    credit.get(m[0])
+
+
+def parse_methods(spec: str):
+  """'grpo:iid,tempo:tree_entropy' -> [('grpo', 'iid'), ('tempo', 'tree_entropy')]."""
+  out = []
+  for item in spec.split(','):
+    name, _, sampler = item.strip().partition(':')
+    sampler = sampler or 'iid'
+    credit.get(name)
+    if sampler not in SAMPLERS:
+      raise ValueError(f'unknown sampler {sampler!r} in method {item!r}; valid: '
+                       f'{", ".join(SAMPLERS)}')
+    out.append((name, sampler))
+  return out
+
+
+def with_method(cfg, method: str):
+  """A copy of cfg with credit.name and sampler.name from 'credit:sampler'."""
+  (name, sampler), = parse_methods(method)
+  cfg = cfg.copy_and_resolve_references()
+  cfg.credit.name = name
+  cfg.sampler.name = sampler
+  return cfg
+
+
+def build_task(cfg):
+  return envs.get(cfg.task.name, **dict(cfg.task.kwargs))
+
+
+def policy_config(cfg, task) -> policy.PolicyConfig:
+  return policy.PolicyConfig(vocab_size=task.vocab_size, max_len=task.prompt_len + task.response_len,
+                             **dict(cfg.model))
+
+
+def loss_config(cfg) -> ts.LossConfig:
+  return ts.LossConfig(**dict(cfg.loss))
+
+
+def group_size(scfg) -> int:
+  if scfg.name == 'iid':
+    return scfg.group_size
+  if scfg.name == 'tree_fixed':
+    return int(np.prod(scfg.branching))
+  return scfg.num_chains * (1 + scfg.num_forks * scfg.num_continuations)
+
+
+def fingerprint(cfg) -> tuple[str, dict]:
+  """(sha1, the fingerprinted config as a flat dict)."""
+  flat = {}
+
+  def walk(d, prefix):
+    for k in sorted(d.keys()):
+      path = prefix + k
+      if path in NOT_FINGERPRINTED:
+        continue
+      v = d[k]
+      if isinstance(v, (ml_collections.ConfigDict, dict)) and path not in FREE_DICTS:
+        walk(v, path + '.')
+      else:
+        flat[path] = json.loads(json.dumps(v.to_dict() if hasattr(v, 'to_dict') else v,
+                                           sort_keys=True, default=str))
+  walk(cfg, '')
+  blob = json.dumps(flat, sort_keys=True)
+  return hashlib.sha1(blob.encode()).hexdigest(), flat
+
+
+# ----------------------------------------------------------------------------
+# Jitted pieces (cached on their static arguments).
+
+
+def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=None):
+  """Samples [B, G, L] from the sampler named in scfg."""
+  kw = dict(temperature=scfg.temperature if temperature is None else temperature,
+            top_p=scfg.top_p, top_k=scfg.top_k, eos_id=task.eos_id, pad_id=task.pad_id,
+            prompt_ids=prompt_ids)
+  r = task.response_len
+  if scfg.name == 'iid':
+    return sampling.sample_iid(params, pcfg, key, prompts, scfg.group_size, r, **kw)
+  if scfg.name == 'tree_fixed':
+    return sampling.sample_tree_fixed(params, pcfg, key, prompts, tuple(scfg.branching),
+                                      scfg.segment_len, r, **kw)
+  if scfg.name == 'tree_entropy':
+    return sampling.sample_tree_entropy(params, pcfg, key, prompts, scfg.num_chains,
+                                        scfg.num_forks, scfg.num_continuations, r,
+                                        score=scfg.score, **kw)
+  raise ValueError(f'unknown sampler {scfg.name!r}; valid: {", ".join(SAMPLERS)}')
+
+
+def _broadcast_info(info, g):
+  return jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (x.shape[0], g) + x.shape[1:]), info)
+
+
+@functools.partial(jax.jit, static_argnames=('task',))
+def group_rewards(prompts, tokens, mask, info, *, task):
+  """[B, P], [B, G, L] -> rewards [B, G]."""
+  g = tokens.shape[1]
+  p = jnp.broadcast_to(prompts[:, None], (prompts.shape[0], g, prompts.shape[1]))
+  return task.reward(p, tokens, mask, _broadcast_info(info, g))
+
+
+@functools.partial(jax.jit, static_argnames=('cfg',))
+def rows_logprobs(params, prompts, tokens, mask, *, cfg):
+  """Teacher-forced log-probs of [B, G, L] responses, 0 where masked."""
+  b, g, l = tokens.shape
+  lp, _ = policy.token_logprobs(params, cfg, jnp.repeat(prompts, g, axis=0),
+                                tokens.reshape(b * g, l))
+  return jnp.where(mask, lp.reshape(b, g, l), 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def credit_fn(name: str, hparams_json: str, tree: bool):
+  """Jitted estimator (tree building included) for rollouts [B, G, L]."""
+  est, hp = credit.get(name), json.loads(hparams_json)
+
+  @jax.jit
+  def fn(tokens, mask, rewards, parent, fork):
+    t = trees.from_forks(tokens, mask, parent, fork) if tree else None
+    return est(credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, tree=t), **hp)
+
+  return fn
+
+
+@functools.partial(jax.jit, static_argnames=('task', 'n'))
+def _task_sample(key, *, task, n):
+  return task.sample(key, n)
+
+
+@functools.partial(jax.jit, static_argnames=('task', 'n'))
+def _demo_batch(key, *, task, n):
+  prompts, info = task.sample(key, n)
+  responses, mask = task.demonstrations(prompts, info)
+  return prompts, responses, mask
+
+
+# ----------------------------------------------------------------------------
+# Evaluation.
+
+
+def evaluate(params, pcfg, task, ecfg, pass_sampler=None) -> dict:
+  """Greedy accuracy on eval.num_prompts held-out prompts and pass@k on eval.pass_prompts.
+
+  Held-out prompts come from a fixed key (eval.seed) disjoint from training keys.
+  pass@k: any of k i.i.d. temperature-1 samples is correct.
+  """
+  key = jax.random.PRNGKey(ecfg.seed)
+  prompts, info = _task_sample(key, task=task, n=ecfg.num_prompts)
+  greedy = sampling.sample_iid(params, pcfg, jax.random.fold_in(key, 1), prompts, 1,
+                               task.response_len, temperature=0.0, eos_id=task.eos_id,
+                               pad_id=task.pad_id)
+  acc = group_rewards(prompts, greedy.tokens, greedy.mask, info, task=task)
+  n = ecfg.pass_prompts
+  p2, i2 = prompts[:n], jax.tree.map(lambda x: x[:n], info)
+  samples = sampling.sample_iid(params, pcfg, jax.random.fold_in(key, 2), p2, ecfg.pass_k,
+                                task.response_len, temperature=1.0, eos_id=task.eos_id,
+                                pad_id=task.pad_id)
+  r = group_rewards(p2, samples.tokens, samples.mask, i2, task=task)
+  return {'greedy_acc': float(jnp.mean(acc)), f'pass@{ecfg.pass_k}': float(jnp.mean(jnp.max(r, -1))),
+          'eval_sample_reward': float(jnp.mean(r))}
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints.
+
+
+def _manager(path):
+  return ocp.CheckpointManager(
+      os.path.abspath(path),
+      options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False,
+                                           create=True))
+
+
+def _state_tree(state: ts.TrainState):
+  return {'params': state.params, 'opt_state': state.opt_state, 'step': state.step,
+          'rng': state.rng}
+
+
+def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict):
+  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_state_tree(state)),
+                                          meta=ocp.args.JsonSave(meta)), force=True)
+  mngr.wait_until_finished()
+
+
+def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
+  """(state, meta) from the latest checkpoint, or (None, None); refuses another config's."""
+  step = mngr.latest_step()
+  if step is None:
+    return None, None
+  meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  if meta.get('fingerprint') != fp:
+    old = meta.get('config', {})
+    diff = sorted(k for k in set(old) | set(flat_cfg) if old.get(k) != flat_cfg.get(k))
+    details = ', '.join(f'{k}: {old.get(k)!r} -> {flat_cfg.get(k)!r}' for k in diff[:10])
+    raise ValueError(
+        f'incompatible checkpoint in {mngr.directory}: it was written with a different config '
+        f'(fingerprint {meta.get("fingerprint")} != {fp}; differences: {details}). '
+        'Use another --workdir or delete the checkpoints to start over.')
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(template))
+  tree = mngr.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract)))['state']
+  state = template.replace(params=tree['params'], opt_state=tree['opt_state'],
+                           step=tree['step'], rng=tree['rng'])
+  return state, meta
+
+
+# ----------------------------------------------------------------------------
+# Metrics file.
+
+
+class MetricsWriter:
+  """Appends JSON lines; on resume drops lines past the restored step."""
+
+  def __init__(self, path, resume_step: Optional[int]):
+    self.path = path
+    self.enabled = jax.process_index() == 0  # one writer on multi-host jobs
+    if not self.enabled:
+      return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if resume_step is None:
+      open(path, 'w').close()
+    elif os.path.exists(path):
+      keep = [l for l in open(path) if l.strip() and json.loads(l)['step'] <= resume_step]
+      with open(path, 'w') as f:
+        f.writelines(keep)
+
+  def write(self, row: dict):
+    if not self.enabled:
+      return
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(row) + '\n')
+
+
+def read_metrics(path) -> list[dict]:
+  return [json.loads(l) for l in open(path) if l.strip()]
+
+
+# ----------------------------------------------------------------------------
+# SFT warm start.
+
+
+def sft(cfg, workdir: str, progress: Optional[bool] = None):
+  """Supervised warm start on demonstrations; cached as a checkpoint in `workdir`.
+
+  Returns (params, info dict with greedy_acc, loss, wall_s). A second call with
+  the same workdir and compatible config loads the result.
+  """
+  check_config(cfg)
+  progress = cfg.progress if progress is None else progress
+  task = build_task(cfg)
+  pcfg = policy_config(cfg, task)
+  sub = ml_collections.ConfigDict({'task': cfg.task.to_dict(), 'model': cfg.model.to_dict(),
+                                   'sft': cfg.sft.to_dict()})
+  fp, flat = fingerprint(sub)
+  s = cfg.sft
+  tx = ts.make_optimizer(s.lr, s.warmup_steps, s.weight_decay, cfg.optimizer.grad_clip)
+  state = ts.init_state(policy.init_params(jax.random.PRNGKey(s.seed), pcfg), tx, seed=s.seed)
+  mngr = _manager(os.path.join(workdir, 'checkpoints'))
+  restored, meta = restore_checkpoint(mngr, state, fp, flat)
+  if restored is not None and meta.get('done'):
+    return restored.params, meta['info']
+  t0 = time.time()
+  key = jax.random.PRNGKey(s.seed + 1)
+  bar = tqdm(range(s.steps), desc='SFT', disable=not progress, leave=False)
+  loss = float('nan')
+  for i in bar:
+    prompts, responses, mask = _demo_batch(jax.random.fold_in(key, i), task=task, n=s.batch_size)
+    state, m = ts.sft_step_jit(state, prompts, responses, mask, cfg=pcfg)
+    if i % 20 == 0 or i == s.steps - 1:
+      loss = float(m['loss'])
+      bar.set_postfix(loss=f'{loss:.3f}')
+  wall = time.time() - t0
+  ev = evaluate(state.params, pcfg, task, cfg.eval)
+  info = dict(loss=loss, wall_s=wall, **ev)
+  save_checkpoint(mngr, s.steps, state, dict(fingerprint=fp, config=flat, done=True, info=info))
+  mngr.close()
+  return state.params, info
+
+
+# ----------------------------------------------------------------------------
+# RL.
+
+
+def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: int = 0,
+          progress: Optional[bool] = None) -> dict:
+  """RL from `init_params` (also the frozen KL reference) for cfg.rl.steps steps.
+
+  `method` 'credit:sampler' overrides cfg.credit.name / cfg.sampler.name; `seed`
+  is added to rl.seed. Resumes from <workdir>/checkpoints if present. Returns a
+  summary dict (final and peak eval metrics, mean timings).
+  """
+  if method is not None:
+    cfg = with_method(cfg, method)
+  check_config(cfg)
+  method = method or f'{cfg.credit.name}:{cfg.sampler.name}'
+  progress = cfg.progress if progress is None else progress
+  task = build_task(cfg)
+  pcfg = policy_config(cfg, task)
+  loss_cfg = loss_config(cfg)
+  run_seed = cfg.rl.seed + seed
+  fp_cfg = cfg.copy_and_resolve_references()
+  fp_cfg.rl.seed = run_seed
+  fp, flat = fingerprint(fp_cfg)
+  flat['init_params_sum'] = float(sum(float(jnp.sum(x)) for x in jax.tree.leaves(init_params)))
+  fp = hashlib.sha1((fp + repr(flat['init_params_sum'])).encode()).hexdigest()
+
+  mesh = ts.make_mesh(cfg.mesh.fsdp)
+  o = cfg.optimizer
+  tx = ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.grad_clip, o.b1, o.b2)
+  state = ts.init_state(jax.tree.map(jnp.copy, init_params), tx, seed=run_seed)
+  mngr = _manager(os.path.join(workdir, 'checkpoints'))
+  restored, meta = restore_checkpoint(mngr, state, fp, flat)
+  start, wall0 = 0, 0.0
+  if restored is not None:
+    state, start, wall0 = restored, meta['rl_step'], meta['wall_s']
+  state = ts.shard_state(state, mesh)
+  ref_params = init_params
+  writer = MetricsWriter(os.path.join(workdir, 'metrics.jsonl'), start if restored else None)
+  scfg, b = cfg.sampler, cfg.rl.prompts_per_step
+  est = credit_fn(cfg.credit.name, json.dumps(cfg.credit.hparams.to_dict()
+                                              if hasattr(cfg.credit.hparams, 'to_dict')
+                                              else dict(cfg.credit.hparams), sort_keys=True),
+                  scfg.name != 'iid')
+  need_ref = loss_cfg.kl_coef > 0
+  key = jax.random.PRNGKey(run_seed)
+  row_sharding = ts.batch_sharding(mesh)
+  n_dev = mesh.size
+  t_start = time.time() - wall0
+  step = start
+
+  def meta_now():
+    return dict(fingerprint=fp, config=flat, rl_step=step, wall_s=time.time() - t_start,
+                method=method)
+
+  bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
+             initial=start, total=cfg.rl.steps, leave=False)
+  last_eval, pending = {}, None
+  try:
+    if start == 0:  # eval of the starting policy, logged as step 0
+      last_eval = evaluate(state.params, pcfg, task, cfg.eval)
+      writer.write(dict(step=0, wall_s=0.0, method=method, seed=seed, **last_eval))
+    for i in bar:
+      k = jax.random.fold_in(key, i)
+      t0 = time.perf_counter()
+      pending = None
+      prompts, info = _task_sample(jax.random.fold_in(k, 0), task=task, n=b)
+      if b % n_dev == 0:
+        prompts = jax.device_put(prompts, row_sharding)
+      samples = sample(state.params, pcfg, task, scfg, jax.random.fold_in(k, 1), prompts,
+                       prompt_ids=jnp.arange(b, dtype=jnp.int32) + i * b)
+      rewards = group_rewards(prompts, samples.tokens, samples.mask, info, task=task)
+      rewards.block_until_ready()
+      t1 = time.perf_counter()
+      if cfg.rl.recompute_logprobs:  # teacher-forced: ratio exactly 1 at the first update
+        old_lp = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, cfg=pcfg)
+      else:  # the sampler's untempered log-probs (same params; equal up to float rounding)
+        old_lp = samples.logprobs
+      ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, cfg=pcfg)
+                if need_ref else None)
+      train_rewards = rewards
+      if need_ref and loss_cfg.kl_in_reward:
+        train_rewards = rewards - loss_cfg.kl_coef * jnp.sum(
+            credit.kl_k1(old_lp, ref_lp, samples.mask), -1)
+      old_lp.block_until_ready()
+      t2 = time.perf_counter()
+      adv = est(samples.tokens, samples.mask, train_rewards, samples.parent, samples.fork)
+      adv.block_until_ready()
+      t3 = time.perf_counter()
+      batch = ts.batch_from_samples(prompts, samples.tokens, samples.mask, adv, old_lp, ref_lp)
+      if batch.tokens.shape[0] % n_dev == 0:
+        batch = ts.shard_batch(batch, mesh)
+      state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
+      step = i + 1  # `state` is now the state after this step (the old one was donated)
+      pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
+                     interrupted=True)
+      m = {k_: float(v) for k_, v in m.items()}
+      t4 = time.perf_counter()
+      ntok = float(jnp.sum(samples.mask))
+      r = np.asarray(rewards)
+      row = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
+                 reward=float(r.mean()), frac_groups_with_signal=float(np.mean(r.max(-1) > r.min(-1))),
+                 response_len=ntok / r.size, **m,
+                 sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,
+                 step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),
+                 train_tokens_per_s=ntok * loss_cfg.num_epochs / (t4 - t3),
+                 credit_frac=(t3 - t2) / (t4 - t0))
+      pending = row  # update applied, row not yet written (see KeyboardInterrupt below)
+      if step % cfg.eval.every == 0 or step == cfg.rl.steps:
+        last_eval = evaluate(state.params, pcfg, task, cfg.eval)
+        row.update(last_eval)
+      writer.write(row)
+      pending = None
+      bar.set_postfix(reward=f'{row["reward"]:.2f}',
+                      acc=f'{last_eval.get("greedy_acc", float("nan")):.2f}')
+      if step % cfg.rl.ckpt_every == 0 or step == cfg.rl.steps:
+        save_checkpoint(mngr, step, state, meta_now())
+  except KeyboardInterrupt:
+    if pending is not None:  # interrupted during eval: keep the update, log it without eval
+      writer.write(pending)
+    if mngr.latest_step() != step:
+      save_checkpoint(mngr, step, state, meta_now())
+    mngr.close()
+    print(f'\nInterrupted: saved step {step} to {workdir}/checkpoints; rerun to resume.')
+    raise
+  mngr.close()
+  return summarize(read_metrics(os.path.join(workdir, 'metrics.jsonl')), cfg.eval.pass_k,
+                   params=state.params)
+
+
+def summarize(rows, pass_k, params=None) -> dict:
+  """Final / peak eval metrics and mean timings of one run's metric rows."""
+  ev = [r for r in rows if 'greedy_acc' in r]
+  tr = [r for r in rows if 'reward' in r]
+  mean = lambda k, rs: float(np.mean([r[k] for r in rs])) if rs else float('nan')
+  steady = tr[1:] if len(tr) > 1 else tr  # skip the compiling step for timings
+  out = dict(
+      steps=rows[-1]['step'] if rows else 0,
+      final_acc=ev[-1]['greedy_acc'] if ev else float('nan'),
+      peak_acc=max(r['greedy_acc'] for r in ev) if ev else float('nan'),
+      init_acc=ev[0]['greedy_acc'] if ev else float('nan'),
+      final_pass=ev[-1].get(f'pass@{pass_k}', float('nan')) if ev else float('nan'),
+      final_reward=mean('reward', tr[-5:]),
+      wall_s=rows[-1]['wall_s'] if rows else 0.0,
+      sampled_tokens_per_s=mean('sampled_tokens_per_s', steady),
+      train_tokens_per_s=mean('train_tokens_per_s', steady),
+      credit_frac=(sum(r['credit_s'] for r in steady) / max(sum(r['step_s'] for r in steady), 1e-9)
+                   if steady else float('nan')),
+      sample_s=mean('sample_s', steady), update_s=mean('update_s', steady),
+      credit_s=mean('credit_s', steady))
+  if params is not None:
+    out['params'] = params
+  return out

@@ -1,0 +1,346 @@
+"""Pure-functional policy-gradient and supervised update steps, and the device mesh.
+
+    state = init_state(params, make_optimizer(lr=3e-4, warmup_steps=10))
+    state, metrics = train_step(state, batch, cfg=policy_cfg, loss_cfg=LossConfig())
+
+`TrainState` is a pytree (params, opt_state, step, rng) with the optax
+transformation as a static field, so `train_step` / `sft_step` are plain
+jittable functions of (state, batch). `make_optimizer` is memoised on its
+hyper-parameters: two states built with the same settings share one `tx`
+object and therefore one compiled program.
+
+Batch layout (`Batch`): N = B * G responses as rows, flattened by the caller
+(`batch_from_samples`): prompts [N, P], tokens / mask / advantages /
+old_logprobs / ref_logprobs [N, L]. Advantages come from `credit` outside the step.
+
+Loss aggregation (`LossConfig.agg`). Every mode is a weighted *sum* of per-token
+losses l[n, t] with weights w[n, t] that are 0 on masked tokens and whose
+normalisers are counted over the whole optimizer minibatch (all micro-batches
+and all data-parallel shards together), so the loss of a minibatch is
+
+    loss = sum_{n, t} w[n, t] * l[n, t]
+
+and splitting the minibatch into micro-batches (summing their losses and
+gradients) or sharding it over devices gives the same number. With M valid
+tokens, S sequences, len_n valid tokens in row n and L_max = response length:
+
+  token-mean               w = mask / M                 (mean over all tokens)
+  seq-mean-token-mean      w = mask / (S * len_n)       (mean per sequence, then over sequences)
+  seq-mean-token-sum       w = mask / S                 (sum per sequence, mean over sequences)
+  seq-mean-token-sum-norm  w = mask / (S * L_max)       (Dr. GRPO: constant normaliser)
+
+Sequences with len_n = 0 get weight 0 and still count in S (they are rows of the batch).
+
+Policy loss (per token, r = exp(logp - old_logp), A the advantage):
+  pg = max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A)        (clip-higher when eps_high > eps_low)
+  pg = min(pg, -dual_clip * A) where A < 0                       (dual-clip, Ye et al. 2020; off if 0)
+  l  = pg + kl_coef * KL_k(logp, ref_logp) - entropy_coef * H
+KL in the loss needs `ref_logprobs`; `kl_in_reward` (the loop's job) instead
+subtracts kl_coef * sum_t k1(old, ref) from each response's reward before credit.
+"""
+
+import dataclasses
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import credit
+from experiments import policy
+
+AGG_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm')
+
+
+@struct.dataclass
+class TrainState:
+  params: object
+  opt_state: object
+  step: jax.Array   # int32, optimizer updates so far
+  rng: jax.Array    # uint32 [2] raw PRNG key (checkpointable)
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+
+
+@struct.dataclass
+class Batch:
+  """Rows = responses. prompts [N, P]; the rest [N, L]. ref_logprobs may be None."""
+  prompts: jax.Array
+  tokens: jax.Array
+  mask: jax.Array
+  advantages: jax.Array
+  old_logprobs: jax.Array
+  ref_logprobs: Optional[jax.Array] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Static (hashable) loss / update hyper-parameters."""
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  dual_clip: float = 3.0           # 0 disables; must be > 1 otherwise.
+  agg: str = 'token-mean'
+  kl_coef: float = 0.0             # KL-as-loss coefficient (ignored if kl_in_reward).
+  kl_estimator: str = 'k3'
+  kl_in_reward: bool = False
+  entropy_coef: float = 0.0
+  num_epochs: int = 1
+  num_minibatches: int = 1
+  num_microbatches: int = 1        # gradient accumulation inside a minibatch
+
+  def __post_init__(self):
+    if self.agg not in AGG_MODES:
+      raise ValueError(f'unknown loss aggregation {self.agg!r}; valid: {", ".join(AGG_MODES)}')
+    if self.kl_estimator not in ('k1', 'k2', 'k3'):
+      raise ValueError(f'unknown KL estimator {self.kl_estimator!r}; valid: k1, k2, k3')
+    if self.dual_clip and self.dual_clip <= 1.0:
+      raise ValueError(f'dual_clip must be 0 (off) or > 1, got {self.dual_clip}')
+    for f in ('num_epochs', 'num_minibatches', 'num_microbatches'):
+      if getattr(self, f) < 1:
+        raise ValueError(f'{f} must be >= 1')
+
+  @property
+  def kl_loss(self) -> bool:
+    return self.kl_coef > 0 and not self.kl_in_reward
+
+
+# ----------------------------------------------------------------------------
+# Optimizer and state.
+
+
+@functools.lru_cache(maxsize=None)
+def make_optimizer(lr: float, warmup_steps: int = 0, weight_decay: float = 0.0,
+                   grad_clip: float = 1.0, b1: float = 0.9, b2: float = 0.999,
+                   eps: float = 1e-8) -> optax.GradientTransformation:
+  """AdamW after global-norm clipping, lr linearly warmed up from 0 over `warmup_steps`, then constant."""
+  if warmup_steps > 0:
+    schedule = optax.linear_schedule(0.0, lr, warmup_steps)
+  else:
+    schedule = lr
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
+  parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+  return optax.chain(*parts)
+
+
+def init_state(params, tx: optax.GradientTransformation, seed: int = 0) -> TrainState:
+  return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32),
+                    rng=jax.random.PRNGKey(seed), tx=tx)
+
+
+# ----------------------------------------------------------------------------
+# Losses.
+
+
+def token_weights(mask, agg: str, num_seqs=None, num_tokens=None, max_len=None):
+  """Aggregation weights w [N, L] (see module docstring) for rows `mask` [N, L].
+
+  `num_seqs` / `num_tokens` default to this array's counts; pass the counts of
+  the whole minibatch when `mask` is one micro-batch of it.
+  """
+  mask = mask.astype(jnp.float32)
+  num_seqs = mask.shape[0] if num_seqs is None else num_seqs
+  num_tokens = jnp.sum(mask) if num_tokens is None else num_tokens
+  max_len = mask.shape[-1] if max_len is None else max_len
+  if agg == 'token-mean':
+    return mask / jnp.maximum(num_tokens, 1.0)
+  if agg == 'seq-mean-token-mean':
+    return mask / (jnp.maximum(mask.sum(-1, keepdims=True), 1.0) * num_seqs)
+  if agg == 'seq-mean-token-sum':
+    return mask / num_seqs
+  if agg == 'seq-mean-token-sum-norm':
+    return mask / (num_seqs * max_len)
+  raise ValueError(f'unknown loss aggregation {agg!r}; valid: {", ".join(AGG_MODES)}')
+
+
+def policy_loss(params, cfg: policy.PolicyConfig, loss_cfg: LossConfig, mb: Batch, weights):
+  """Weighted-sum surrogate loss of a (micro)batch -> (loss, aux sums weighted by `weights`).
+
+  aux holds *weighted sums* (clip fraction, approx KL, entropy, KL to ref) with
+  the token-mean weights of the minibatch, so they also add up across micro-batches.
+  """
+  w, wm = weights  # aggregation weights, token-mean weights (for metrics)
+  logp, ent = policy.token_logprobs(params, cfg, mb.prompts, mb.tokens)
+  mask = mb.mask
+  adv = jnp.where(mask, mb.advantages, 0.0)
+  log_ratio = jnp.where(mask, logp - mb.old_logprobs, 0.0)
+  ratio = jnp.exp(log_ratio)
+  clipped = jnp.clip(ratio, 1.0 - loss_cfg.eps_low, 1.0 + loss_cfg.eps_high)
+  pg = jnp.maximum(-ratio * adv, -clipped * adv)
+  if loss_cfg.dual_clip:
+    pg = jnp.where(adv < 0, jnp.minimum(pg, -loss_cfg.dual_clip * adv), pg)
+  per_token = pg - loss_cfg.entropy_coef * ent
+  kl_ref = jnp.zeros_like(pg)
+  if loss_cfg.kl_loss:
+    if mb.ref_logprobs is None:
+      raise ValueError('kl_coef > 0 with the KL as a loss needs batch.ref_logprobs')
+    kl_ref = credit.kl_penalty(logp, mb.ref_logprobs, mask, loss_cfg.kl_estimator)
+    per_token = per_token + loss_cfg.kl_coef * kl_ref
+  loss = jnp.sum(w * jnp.where(mask, per_token, 0.0))
+  is_clipped = ((ratio > 1.0 + loss_cfg.eps_high) & (adv > 0)) | (
+      (ratio < 1.0 - loss_cfg.eps_low) & (adv < 0))
+  aux = dict(
+      pg_loss=jnp.sum(w * jnp.where(mask, pg, 0.0)),
+      clip_frac=jnp.sum(wm * is_clipped),
+      approx_kl=jnp.sum(wm * (jnp.expm1(-log_ratio) + log_ratio)),  # k3(old || new)
+      entropy=jnp.sum(wm * ent),
+      kl_ref=jnp.sum(wm * kl_ref))
+  return loss, aux
+
+
+def _accumulate_grads(loss_fn, params, mb, num_micro: int):
+  """Sum of (loss, aux, grads) over `num_micro` equal row-slices of mb (a pytree [N, ...])."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if num_micro == 1:
+    (loss, aux), grads = grad_fn(params, mb)
+    return loss, aux, grads
+  split = jax.tree.map(lambda x: x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:]),
+                       mb)
+
+  def body(carry, micro):
+    (loss, aux), grads = grad_fn(params, micro)
+    return jax.tree.map(jnp.add, carry, (loss, aux, grads)), None
+
+  zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: grad_fn(params, jax.tree.map(
+      lambda x: x[0], split))))
+  zero = (zero[0][0], zero[0][1], zero[1])
+  (loss, aux, grads), _ = jax.lax.scan(body, zero, split)
+  return loss, aux, grads
+
+
+def _apply(state: TrainState, grads):
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  return state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+
+
+def train_step(state: TrainState, batch: Batch, *, cfg: policy.PolicyConfig,
+               loss_cfg: LossConfig):
+  """num_epochs x num_minibatches clipped-surrogate updates on one rollout batch.
+
+  Each epoch shuffles the N rows with a key split from `state.rng`, cuts them
+  into num_minibatches equal minibatches (N must divide), and takes one
+  optimizer step per minibatch (its gradient accumulated over
+  num_microbatches). Returns (new state, metrics averaged over the updates):
+  loss, pg_loss, clip_frac, approx_kl, entropy, kl_ref, grad_norm (before clipping).
+  """
+  n = batch.tokens.shape[0]
+  nmb, nmicro = loss_cfg.num_minibatches, loss_cfg.num_microbatches
+  if n % (nmb * nmicro):
+    raise ValueError(f'{n} rows not divisible by num_minibatches * num_microbatches = '
+                     f'{nmb * nmicro}')
+  rng, perm_key = jax.random.split(state.rng)
+  perms = jnp.stack([jax.random.permutation(k, n)
+                     for k in jax.random.split(perm_key, loss_cfg.num_epochs)])
+  order = perms.reshape(loss_cfg.num_epochs * nmb, n // nmb)
+  max_len = batch.tokens.shape[1]
+
+  def update(state, idx):
+    mb = jax.tree.map(lambda x: x[idx], batch)
+    num_tokens = jnp.sum(mb.mask.astype(jnp.float32))
+    w = token_weights(mb.mask, loss_cfg.agg, idx.shape[0], num_tokens, max_len)
+    wm = token_weights(mb.mask, 'token-mean', idx.shape[0], num_tokens, max_len)
+
+    def loss_fn(params, micro):
+      m, w_, wm_ = micro
+      return policy_loss(params, cfg, loss_cfg, m, (w_, wm_))
+
+    loss, aux, grads = _accumulate_grads(loss_fn, state.params, (mb, w, wm), nmicro)
+    metrics = dict(loss=loss, grad_norm=optax.tree.norm(grads), **aux)
+    return _apply(state, grads), metrics
+
+  state, metrics = jax.lax.scan(update, state.replace(rng=rng), order)
+  return state, jax.tree.map(jnp.mean, metrics)
+
+
+def sft_loss(params, cfg, prompts, responses, mask):
+  logp, _ = policy.token_logprobs(params, cfg, prompts, responses)
+  m = mask.astype(jnp.float32)
+  return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def sft_step(state: TrainState, prompts, responses, mask, *, cfg: policy.PolicyConfig):
+  """One cross-entropy step on demonstrations (mean NLL over masked response tokens)."""
+  loss, grads = jax.value_and_grad(sft_loss)(state.params, cfg, prompts, responses, mask)
+  return _apply(state, grads), dict(loss=loss, grad_norm=optax.tree.norm(grads))
+
+
+train_step_jit = jax.jit(train_step, static_argnames=('cfg', 'loss_cfg'), donate_argnums=0)
+sft_step_jit = jax.jit(sft_step, static_argnames=('cfg',), donate_argnums=0)
+
+
+# ----------------------------------------------------------------------------
+# Batches from samples.
+
+
+def batch_from_samples(prompts, samples_tokens, mask, advantages, old_logprobs,
+                       ref_logprobs=None) -> Batch:
+  """[B, P] prompts and [B, G, L] arrays -> a `Batch` of N = B * G rows."""
+  b, g, l = samples_tokens.shape
+  flat = lambda x: None if x is None else x.reshape(b * g, l)
+  return Batch(prompts=jnp.repeat(prompts, g, axis=0), tokens=flat(samples_tokens),
+               mask=flat(mask), advantages=flat(advantages).astype(jnp.float32),
+               old_logprobs=flat(old_logprobs), ref_logprobs=flat(ref_logprobs))
+
+
+# ----------------------------------------------------------------------------
+# Mesh and sharding.
+
+
+def maybe_initialize_distributed():
+  """jax.distributed.initialize() iff the environment describes a multi-host job.
+
+  Triggers on JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES / JAX_PROCESS_ID,
+  read by JAX itself) or TREECREDIT_DISTRIBUTED=1 (TPU pods auto-detect).
+  """
+  import os
+  if os.environ.get('JAX_COORDINATOR_ADDRESS') or os.environ.get('TREECREDIT_DISTRIBUTED') == '1':
+    jax.distributed.initialize()
+    return True
+  return False
+
+
+def make_mesh(fsdp: int = 1, devices=None) -> Mesh:
+  """Mesh ('data', 'fsdp') over `devices` (default all): data = n_devices // fsdp."""
+  devices = jax.devices() if devices is None else list(devices)
+  if len(devices) % fsdp:
+    raise ValueError(f'fsdp={fsdp} does not divide {len(devices)} devices')
+  return Mesh(np.asarray(devices).reshape(len(devices) // fsdp, fsdp), ('data', 'fsdp'))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (row / prompt) axis split over every device of the mesh."""
+  return NamedSharding(mesh, P(('data', 'fsdp')))
+
+
+def _leaf_sharding(x, mesh: Mesh) -> NamedSharding:
+  """Replicated, or with fsdp > 1 the largest axis divisible by the fsdp size over 'fsdp'.
+
+  A function of the shape only, so Adam moments get their parameter's sharding.
+  """
+  size = mesh.shape['fsdp']
+  if size > 1 and getattr(x, 'ndim', 0):
+    for ax in np.argsort(x.shape, kind='stable')[::-1]:
+      if x.shape[ax] % size == 0:
+        parts = [None] * x.ndim
+        parts[ax] = 'fsdp'
+        return NamedSharding(mesh, P(*parts))
+  return NamedSharding(mesh, P())
+
+
+def param_sharding(params, mesh: Mesh):
+  """Shardings for a params pytree (replicated unless the mesh has fsdp > 1)."""
+  return jax.tree.map(lambda x: _leaf_sharding(x, mesh), params)
+
+
+def shard_state(state: TrainState, mesh: Mesh) -> TrainState:
+  """Places params and optimizer state (fsdp-sharded or replicated) on the mesh."""
+  return jax.tree.map(lambda x: jax.device_put(x, _leaf_sharding(x, mesh)), state)
+
+
+def shard_batch(batch, mesh: Mesh):
+  """Row axis of every array in `batch` over the mesh (rows must divide the device count)."""
+  sh = batch_sharding(mesh)
+  return jax.tree.map(lambda x: jax.device_put(x, sh), batch)
