@@ -71,5 +71,6 @@ def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   # pass@k batch = one RL batch (8 prompts x 4), so it reuses the sampler's compiled program.
   c.eval.update(every=2, num_prompts=64, pass_k=4, pass_prompts=8)
   c.seeds = (0,)
-  c.methods = 'grpo:iid,tempo:tree_entropy'
+  if c.methods == get_config().methods:  # keep methods chosen on the command line
+    c.methods = 'grpo:iid,tempo:tree_entropy'
   return c
