@@ -127,7 +127,7 @@ def prefix_values(tree: PrefixTree, rewards) -> tuple[jax.Array, jax.Array]:
 
   Equal to `to_tokens(tree, node_mean(tree, rewards), before=...)`, computed
   per level from prefix sums over the trie-order runs, then expanded to tokens
-  by a one-hot matmul, instead of a scatter and a gather over [G, L].
+  by one column gather, instead of a scatter over [G, L].
 
   Args:
     tree: a `PrefixTree` of [..., G, L] groups.
