@@ -11,6 +11,7 @@ skips finished runs.
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -21,9 +22,30 @@ from configs import tempo as tempo_config
 from experiments import loop, plots
 from experiments import train_step as ts
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs', 'tempo.py'),
-    'Experiment config (ml_collections).')
+def unknown_override(argv, reference) -> str | None:
+  """A message naming the first `--config.<path>` in argv that `reference` lacks, or None."""
+  for arg in argv:
+    if not arg.startswith('--config.'):
+      continue
+    node, path = reference, arg[len('--config.'):].split('=')[0].split('.')
+    for depth, key in enumerate(path):
+      if not hasattr(node, 'keys') or key not in node:
+        where = '.'.join(path[:depth]) or 'the config'
+        valid = ', '.join(sorted(node.keys())) if hasattr(node, 'keys') else '(none: a leaf)'
+        return f'unknown config field {".".join(path)!r}; valid fields of {where}: {valid}'
+      node = node[key]
+  return None
+
+
+try:  # ml_collections applies --config.* overrides here, with a terse KeyError on a typo.
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', os.path.join(os.path.dirname(os.path.dirname(__file__)), 'configs', 'tempo.py'),
+      'Experiment config (ml_collections).')
+except (KeyError, AttributeError) as e:
+  message = unknown_override(sys.argv[1:], tempo_config.get_config())
+  if message is None:
+    raise
+  raise SystemExit(message) from e
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/treecredit/tempo', 'Output directory.')
 
 

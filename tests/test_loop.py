@@ -126,3 +126,13 @@ def test_config_errors_list_valid_choices():
   bad.loss.agg = 'mean'
   with pytest.raises(ValueError, match='seq-mean-token-sum-norm'):
     loop.check_config(bad)
+
+
+def test_unknown_command_line_field_names_the_valid_ones():
+  from configs import tempo as tempo_config
+  from experiments import tempo as tempo_script
+  reference = tempo_config.get_config()
+  message = tempo_script.unknown_override(['--config.rl.foo=1'], reference)
+  assert message.startswith("unknown config field 'rl.foo'") and 'prompts_per_step' in message
+  assert 'sampler' in tempo_script.unknown_override(['--config.bogus=2'], reference)
+  assert tempo_script.unknown_override(['--config.rl.steps=3', '--workdir=/x'], reference) is None
