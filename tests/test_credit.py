@@ -62,9 +62,7 @@ def test_tempo_on_eos_terminated_group_telescopes_to_r_minus_mu():
   rewards = np.array([1.0, 0.0, 1.0, 0.5], np.float32)
   adv = credit.get("tempo")(_rollouts(tokens, mask, rewards), scale_by_std=False)
   grpo = credit.get("dr_grpo")(_rollouts(tokens, mask, rewards))
-  lengths = mask.sum(-1)
   np.testing.assert_allclose(np.sum(adv - grpo, axis=-1), rewards - rewards.mean(), atol=1e-6)
-  del lengths
 
 
 @given(groups(sizes=(1, 3, 6)))

@@ -27,7 +27,6 @@ def per_group(fn, static=()):
         jax.tree.map(flat, tree), *map(flat, arrays))
     return jax.tree.map(lambda y: y.reshape(batch + y.shape[1:]), out)
 
-  lifted.one_group = fn
   return lifted
 
 
@@ -43,18 +42,18 @@ def _segment(op, tree, x, identity):
   return op(values, tree.node.reshape(-1), num_segments=tree.num_nodes)
 
 
-def _is_per_response(tree, x):
+def _is_per_response(x):
   return jnp.ndim(x) == 1
 
 
 def _count(tree, x):
   out = _segment(jax.ops.segment_sum, tree, jnp.ones(jnp.shape(x)), 0.0)
-  return out.at[0].set(x.shape[0]) if _is_per_response(tree, x) else out
+  return out.at[0].set(x.shape[0]) if _is_per_response(x) else out
 
 
 def _sum(tree, x):
   out = _segment(jax.ops.segment_sum, tree, x, 0.0)
-  return out.at[0].set(jnp.sum(x)) if _is_per_response(tree, x) else out
+  return out.at[0].set(jnp.sum(x)) if _is_per_response(x) else out
 
 
 def _mean(tree, x):
@@ -64,10 +63,10 @@ def _mean(tree, x):
 def _std(tree, x, ddof=0):
   count, mean = _count(tree, x), _mean(tree, x)
   centred = jnp.asarray(x, jnp.float32)
-  if _is_per_response(tree, x):
+  if _is_per_response(x):
     centred = centred[:, None]
   sq = _sum(tree, (centred - _to_tokens(tree, mean)) ** 2 * tree.mask)
-  if _is_per_response(tree, x):  # The root's deviations are over all responses.
+  if _is_per_response(x):  # The root's deviations are over all responses.
     sq = sq.at[0].set(jnp.sum((x - mean[0]) ** 2))
   return jnp.sqrt(jnp.where(count > ddof, sq / jnp.maximum(count - ddof, 1.0), 0.0))
 
@@ -75,7 +74,7 @@ def _std(tree, x, ddof=0):
 def _extremum(op, identity):
   def reduce(tree, x):
     out = _segment(op, tree, x, identity)
-    if _is_per_response(tree, x):
+    if _is_per_response(x):
       out = out.at[0].set(op(x, jnp.zeros(x.shape, jnp.int32), num_segments=1)[0])
     return jnp.where(_count(tree, x) > 0, out, 0.0)
   return reduce
@@ -109,7 +108,7 @@ to_tokens.__doc__ = """Gathers per-node values [..., N] to tokens [..., G, L] (0
 def _prefix_values(tree, rewards):
   """One group: node means per level from prefix sums in trie order, expanded to tokens.
 
-  V(s_t) is V(s_{t-1+1}) shifted by one token, and the root's value is the
+  V(s_t) is the previous token's V(s_{t+1}), and the root's value is the
   level-0 entry (the run of all G), so where a response's run does not change
   the two values come from the same arithmetic and are equal bit for bit.
   """
