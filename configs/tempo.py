@@ -16,7 +16,7 @@ highest-entropy token.
 import ml_collections
 
 # method spec "credit:sampler"; sampler in SAMPLERS.
-SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy')
+SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -36,7 +36,8 @@ def get_config() -> ml_collections.ConfigDict:
       temperature=1.0, top_p=1.0, top_k=0,
       branching=(2, 2, 2), segment_len=1,                   # tree_fixed: G = prod(branching)
       num_chains=4, num_forks=1, num_continuations=1,       # tree_entropy: G = N (1 + F C)
-      score='entropy'))
+      score='entropy',
+      cut_threshold=0.9, cut_every=1))  # tree_cutpoints (SPO-chain): same G as tree_entropy
 
   c.credit = ml_collections.ConfigDict(dict(name='grpo', hparams={}))
 
@@ -56,8 +57,23 @@ def get_config() -> ml_collections.ConfigDict:
       recompute_logprobs=False))
 
   c.eval = ml_collections.ConfigDict(dict(every=10, num_prompts=512, pass_k=8,
-                                          pass_prompts=128, seed=12345))
+                                         pass_prompts=128, seed=12345))
   c.mesh = ml_collections.ConfigDict(dict(fsdp=1))
+  return c
+
+
+def paper(methods: str, **sampler) -> ml_collections.ConfigDict:
+  """A per-paper comparison (configs/<paper>.py): this config with `methods` and the
+  `sampler` fields given, and 100 RL steps instead of 40.
+
+  Every method gets the same rollout budget: 100 steps x 64 prompts x G=8 = 51,200
+  rollouts per run, 3 seeds. Tree-sampler papers also run GRPO on the same sampler,
+  so the credit estimator is compared on the same trees as well as against i.i.d. GRPO.
+  """
+  c = get_config()
+  c.methods = methods
+  c.sampler.update(sampler)
+  c.rl.steps = 100
   return c
 
 

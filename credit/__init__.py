@@ -3,9 +3,11 @@
     adv = credit.get("tempo")(rollouts)   # float32 [..., G, L]
 """
 
-from credit import outcome, returns, tempo  # noqa: F401  (registers the estimators)
+# Importing the modules registers their estimators.
+from credit import (frpo, outcome, pure, returns, siblings, spo, tempo, tree_grpo,  # noqa: F401
+                    treepo, treerl)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
-from credit.registry import get, names, register
+from credit.registry import get, loss_mask, names, needs, register
 from credit.returns import (discounted_returns, gae_advantages, outcome_token_rewards,
                             reverse_linear_scan, td_lambda_returns)
 from credit.rollouts import Rollouts

@@ -31,3 +31,25 @@ def masked_whiten(x, mask, eps=1e-8):
   mean = jnp.sum(jnp.where(mask, x, 0.0)) / n
   var = jnp.sum(jnp.where(mask, (x - mean) ** 2, 0.0)) / n
   return jnp.where(mask, (x - mean) / (jnp.sqrt(var) + eps), 0.0)
+
+
+def whiten_nonzero(x, mask, eps=1e-8):
+  """`masked_whiten`, except that a batch whose x is 0 on every unmasked token stays 0."""
+  return jnp.where(jnp.all(jnp.where(mask, x, 0.0) == 0), 0.0, masked_whiten(x, mask, eps))
+
+
+def loo_centred(rewards):
+  """R_i − mean_{j≠i} R_j over the group axis [..., G]; exactly 0 for a group of
+  one and for a group whose rewards are all equal."""
+  g = rewards.shape[-1]
+  if g == 1:
+    return jnp.zeros_like(rewards)
+  others = (jnp.sum(rewards, axis=-1, keepdims=True) - rewards) / (g - 1)
+  return jnp.where(all_equal(rewards), 0.0, rewards - others)
+
+
+def rounding_tolerance(rewards, rel: float = 1e-5):
+  """[..., 1, 1]: differences of node values below this are float rounding (values are
+  means of rewards, so they carry errors of about 1e-7 of the rewards' scale)."""
+  scale = jnp.max(jnp.abs(rewards), axis=-1, keepdims=True)[..., None]
+  return rel * jnp.maximum(scale, 1e-30)

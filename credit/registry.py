@@ -1,11 +1,20 @@
-"""Credit estimators by name: `fn(rollouts, **hparams) -> advantages [..., G, L]`."""
+"""Credit estimators by name: `fn(rollouts, **hparams) -> advantages [..., G, L]`.
 
-from typing import Callable
+An estimator may declare the optional `Rollouts` fields it `needs` (so a
+training loop knows to compute, e.g., reference log-probs) and a `loss_mask`
+function `(rollouts, advantages, **hparams) -> bool [..., G, L]` for methods
+that also take tokens out of the policy loss (SPO's probability mask).
+"""
+
+from typing import Callable, Optional
 
 _REGISTRY: dict[str, Callable] = {}
+_NEEDS: dict[str, tuple[str, ...]] = {}
+_LOSS_MASKS: dict[str, Callable] = {}
 
 
-def register(name: str, **defaults):
+def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callable] = None,
+             **defaults):
   """Registers an estimator under `name`; `defaults` pre-bind hyperparameters."""
 
   def decorator(fn):
@@ -19,6 +28,10 @@ def register(name: str, **defaults):
       _REGISTRY[name] = bound
     else:
       _REGISTRY[name] = fn
+    _NEEDS[name] = tuple(needs)
+    if loss_mask is not None:
+      _LOSS_MASKS[name] = lambda rollouts, adv, **hp: loss_mask(rollouts, adv,
+                                                                **{**defaults, **hp})
     return fn
 
   return decorator
@@ -36,3 +49,18 @@ def get(name: str) -> Callable:
 def names() -> list[str]:
   """The registered estimator names, sorted."""
   return sorted(_REGISTRY)
+
+
+def needs(name: str) -> tuple[str, ...]:
+  """The optional `Rollouts` fields estimator `name` reads (e.g. ('ref_logprobs',))."""
+  get(name)
+  return _NEEDS[name]
+
+
+def loss_mask(name: str, rollouts, advantages, **hparams):
+  """bool [..., G, L]: the tokens estimator `name` keeps in the policy loss
+  (`rollouts.mask` unless it registered a `loss_mask`)."""
+  get(name)
+  if name not in _LOSS_MASKS:
+    return rollouts.mask
+  return _LOSS_MASKS[name](rollouts, advantages, **hparams)

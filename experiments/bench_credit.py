@@ -1,11 +1,14 @@
 """Benchmark: the jitted `tempo` estimator (tree build included) against a plain-Python dict trie.
 
     python -m experiments.bench_credit [--shapes 64x16x1024,16x64x1024,8x16x8192] [--repeats 10]
+        [--estimators spo_tree,treerl,...]
 
 For each (B, G, L) it makes synthetic groups that share prefixes, checks that
 both compute the same advantages, and prints the median time after
 compilation, tokens per second, compile time, peak memory of the compiled
-program and the speed-up over the trie measured in the same run.
+program and the speed-up over the trie measured in the same run. Then it times
+the other `--estimators` (default: the tree estimators) on the same groups,
+relative to `tempo` in the same run.
 """
 
 import argparse
@@ -62,6 +65,8 @@ def main(argv=None):
   parser.add_argument("--shapes", default="64x16x1024,16x64x1024,8x16x8192")
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--trie-repeats", type=int, default=1)
+  parser.add_argument("--estimators", default="spo_tree,spo_chain,sibling_grpo,treerl,treepo,"
+                                              "tree_grpo,mars2_shaping,grpo")
   args = parser.parse_args(argv)
 
   estimator = credit.get("tempo")
@@ -74,6 +79,7 @@ def main(argv=None):
   print(f"{'B x G x L':>14} {'jax ms':>9} {'trie ms':>9} {'speed-up':>9} {'Mtok/s':>8} "
         f"{'compile s':>9} {'peak MiB':>9} {'max |diff|':>10}")
   rng = np.random.default_rng(0)
+  timings = []
   for shape in args.shapes.split(","):
     b, g, l = map(int, shape.split("x"))
     tokens, mask, rewards = synthetic_groups(rng, b, g, l)
@@ -93,6 +99,20 @@ def main(argv=None):
     n_tokens = int(mask.sum())
     print(f"{shape:>14} {1e3 * jax_s:9.2f} {1e3 * trie_s:9.0f} {trie_s / jax_s:8.0f}x "
           f"{n_tokens / jax_s / 1e6:8.1f} {compile_s:9.2f} {peak:9.1f} {diff:10.2e}")
+    timings.append((shape, args_dev, jax_s))
+  names = [n for n in args.estimators.split(",") if n]
+  if names:
+    print("\nother estimators, jitted, tree build included (ms; x = time / tempo's, same run)")
+    print(f"{'B x G x L':>14} " + " ".join(f"{n:>14}" for n in names))
+  for shape, args_dev, tempo_s in timings:
+    cells = []
+    for name in names:
+      fn = jax.jit(lambda t, m, r, est=credit.get(name): est(
+          credit.Rollouts(tokens=t, mask=m, rewards=r)))
+      jax.block_until_ready(fn(*args_dev))  # compiles
+      seconds = median_time(lambda: fn(*args_dev), args.repeats)
+      cells.append(f"{1e3 * seconds:7.1f} {seconds / tempo_s:5.1f}x")
+    print(f"{shape:>14} " + " ".join(f"{c:>14}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ function of (config, step) and resuming is exact):
   rewards = task.reward(...)                        [B, G]
   old/ref logprobs by teacher forcing               [B, G, L]  (ratio exactly 1 at first)
   advantages = credit.get(name)(Rollouts(..., tree=trees.from_forks(...) for tree samplers))
+  loss mask = credit.loss_mask(name, ...)            (the sampled mask for most estimators)
   state, metrics = train_step(state, batch)
 Logs one JSON line per step to <workdir>/metrics.jsonl (step, wall_s, method, timings,
 throughput, losses, and greedy_acc / pass@k every eval.every steps), saves orbax
@@ -44,6 +45,16 @@ SAMPLERS = default_config.SAMPLERS
 FREE_DICTS = ('credit.hparams', 'task.kwargs')  # validated by credit / envs themselves
 NOT_FINGERPRINTED = ('quick', 'seeds', 'methods', 'progress', 'eval', 'rl.steps',
                      'rl.ckpt_every', 'mesh')
+# The sampler fields each sampler reads; the others are not part of a run's fingerprint,
+# so runs of different scripts that differ only in unused sampler settings can share a workdir.
+SAMPLER_FIELDS = {
+    'iid': ('group_size',),
+    'tree_fixed': ('branching', 'segment_len'),
+    'tree_entropy': ('num_chains', 'num_forks', 'num_continuations', 'score'),
+    'tree_cutpoints': ('num_chains', 'num_forks', 'num_continuations', 'cut_threshold',
+                       'cut_every'),
+}
+SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
 
 
 # ----------------------------------------------------------------------------
@@ -118,6 +129,17 @@ def group_size(scfg) -> int:
   return scfg.num_chains * (1 + scfg.num_forks * scfg.num_continuations)
 
 
+def run_config(cfg, run_seed: int):
+  """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped."""
+  out = cfg.copy_and_resolve_references()
+  out.rl.seed = run_seed
+  used = SAMPLER_COMMON + SAMPLER_FIELDS[cfg.sampler.name]
+  with out.unlocked():
+    for field in [f for f in out.sampler.keys() if f not in used]:
+      del out.sampler[field]
+  return out
+
+
 def fingerprint(cfg) -> tuple[str, dict]:
   """(sha1, the fingerprinted config as a flat dict)."""
   flat = {}
@@ -157,6 +179,10 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
     return sampling.sample_tree_entropy(params, pcfg, key, prompts, scfg.num_chains,
                                         scfg.num_forks, scfg.num_continuations, r,
                                         score=scfg.score, **kw)
+  if scfg.name == 'tree_cutpoints':
+    forks = sampling.CutpointForks(scfg.num_forks, scfg.num_continuations, scfg.cut_threshold,
+                                   scfg.cut_every)
+    return sampling.sample_tree_forks(params, pcfg, key, prompts, scfg.num_chains, r, forks, **kw)
   raise ValueError(f'unknown sampler {scfg.name!r}; valid: {", ".join(SAMPLERS)}')
 
 
@@ -183,13 +209,20 @@ def rows_logprobs(params, prompts, tokens, mask, *, cfg):
 
 @functools.lru_cache(maxsize=None)
 def credit_fn(name: str, hparams_json: str, tree: bool):
-  """Jitted estimator (tree building included) for rollouts [B, G, L]."""
+  """Jitted estimator (tree building included) for rollouts [B, G, L].
+
+  Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs) ->
+  (advantages, loss mask); `ref_logprobs` may be None.
+  """
   est, hp = credit.get(name), json.loads(hparams_json)
 
   @jax.jit
-  def fn(tokens, mask, rewards, parent, fork):
+  def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
-    return est(credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, tree=t), **hp)
+    rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
+                               ref_logprobs=ref_logprobs, tree=t)
+    adv = est(rollouts, **hp)
+    return adv, credit.loss_mask(name, rollouts, adv, **hp)
 
   return fn
 
@@ -370,9 +403,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   pcfg = policy_config(cfg, task)
   loss_cfg = loss_config(cfg)
   run_seed = cfg.rl.seed + seed
-  fp_cfg = cfg.copy_and_resolve_references()
-  fp_cfg.rl.seed = run_seed
-  fp, flat = fingerprint(fp_cfg)
+  fp, flat = fingerprint(run_config(cfg, run_seed))
   flat['init_params_sum'] = float(sum(float(jnp.sum(x)) for x in jax.tree.leaves(init_params)))
   fp = hashlib.sha1((fp + repr(flat['init_params_sum'])).encode()).hexdigest()
 
@@ -393,7 +424,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                               if hasattr(cfg.credit.hparams, 'to_dict')
                                               else dict(cfg.credit.hparams), sort_keys=True),
                   scfg.name != 'iid')
-  need_ref = loss_cfg.kl_coef > 0
+  need_ref = loss_cfg.kl_coef > 0 or 'ref_logprobs' in credit.needs(cfg.credit.name)
   key = jax.random.PRNGKey(run_seed)
   row_sharding = ts.batch_sharding(mesh)
   n_dev = mesh.size
@@ -435,10 +466,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             credit.kl_k1(old_lp, ref_lp, samples.mask), -1)
       old_lp.block_until_ready()
       t2 = time.perf_counter()
-      adv = est(samples.tokens, samples.mask, train_rewards, samples.parent, samples.fork)
+      adv, loss_mask = est(samples.tokens, samples.mask, train_rewards, samples.parent,
+                           samples.fork, old_lp, ref_lp)
       adv.block_until_ready()
       t3 = time.perf_counter()
-      batch = ts.batch_from_samples(prompts, samples.tokens, samples.mask, adv, old_lp, ref_lp)
+      batch = ts.batch_from_samples(prompts, samples.tokens, loss_mask, adv, old_lp, ref_lp)
       if batch.tokens.shape[0] % n_dev == 0:
         batch = ts.shard_batch(batch, mesh)
       state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)

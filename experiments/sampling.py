@@ -412,6 +412,14 @@ def sample_tree_fixed(params, cfg: policy.PolicyConfig, key, prompts,
 ForkPolicy = Callable[[Samples], tuple]
 
 
+def _fork_at(pos, num_continuations: int):
+  """Fork positions [B, N, F] -> (source, position) [B, N·F·C], ordered (chain, fork, continuation)."""
+  b, n, f = pos.shape
+  source = np.repeat(np.arange(n), f * num_continuations)
+  source = jnp.broadcast_to(jnp.asarray(source, jnp.int32), (b, source.size))
+  return source, jnp.repeat(pos.reshape(b, n * f), num_continuations, axis=1).astype(jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class EntropyForks:
   """Forks each chain at its `num_forks` highest-scoring valid positions (TreeRL/EPTree).
@@ -434,16 +442,41 @@ class EntropyForks:
       score = -chains.logprobs
     else:
       raise ValueError(f'unknown score {self.score!r}')
-    b, n, l = chains.tokens.shape
+    l = chains.tokens.shape[-1]
     if self.num_forks > l:
       raise ValueError(f'num_forks={self.num_forks} > max_new_tokens={l}')
     score = jnp.where(chains.mask, score, -jnp.inf)
     _, pos = jax.lax.top_k(score, self.num_forks)  # [B, N, F]
     valid = jnp.take_along_axis(chains.mask, pos, axis=-1)
-    pos = jnp.where(valid, pos, pos[..., :1]).reshape(b, n * self.num_forks)
-    source = np.repeat(np.arange(n), self.num_forks * self.num_continuations)
-    source = jnp.broadcast_to(jnp.asarray(source, jnp.int32), (b, source.size))
-    return source, jnp.repeat(pos, self.num_continuations, axis=1).astype(jnp.int32)
+    return _fork_at(jnp.where(valid, pos, pos[..., :1]), self.num_continuations)
+
+
+@dataclasses.dataclass(frozen=True)
+class CutpointForks:
+  """Forks at SPO-chain cutpoints: before tokens with p < `threshold`, every
+  `every`-th such token kept, the first `num_forks` of them per chain.
+
+  p is the untempered probability of the sampled token. A chain with fewer
+  cutpoints repeats its lowest-probability position. Children are ordered as in
+  `EntropyForks` (chain, fork, continuation).
+  """
+  num_forks: int
+  num_continuations: int
+  threshold: float = 0.9
+  every: int = 1
+
+  def __call__(self, chains: Samples):
+    l = chains.tokens.shape[-1]
+    if self.num_forks > l or self.every < 1:
+      raise ValueError(f'need num_forks <= max_new_tokens={l} and every >= 1')
+    low = chains.mask & (chains.logprobs < math.log(self.threshold))
+    rank = jnp.cumsum(low, axis=-1) - 1
+    cut = low & (rank % self.every == 0)
+    t = jnp.arange(l)
+    _, pos = jax.lax.top_k(jnp.where(cut, l - t, -1), self.num_forks)  # earliest first
+    valid = jnp.take_along_axis(cut, pos, axis=-1)
+    fallback = jnp.argmin(jnp.where(chains.mask, chains.logprobs, jnp.inf), axis=-1)[..., None]
+    return _fork_at(jnp.where(valid, pos, fallback), self.num_continuations)
 
 
 @functools.partial(jax.jit, static_argnums=0)

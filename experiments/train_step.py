@@ -67,7 +67,11 @@ class TrainState:
 
 @struct.dataclass
 class Batch:
-  """Rows = responses. prompts [N, P]; the rest [N, L]. ref_logprobs may be None."""
+  """Rows = responses. prompts [N, P]; the rest [N, L]. ref_logprobs may be None.
+
+  `mask` marks the tokens in the loss: the sampled tokens, or fewer when the
+  credit estimator has a loss mask (`credit.loss_mask`, e.g. SPO-chain's).
+  """
   prompts: jax.Array
   tokens: jax.Array
   mask: jax.Array

@@ -36,3 +36,36 @@ def groups(draw, sizes=(1, 2, 3, 6, 16), lengths=(1, 5, 12), max_vocab=4, batch=
   else:
     rewards = np.full(shape[:-1], 0.3, np.float32)
   return flat.reshape(shape), mask, rewards
+
+
+@st.composite
+def sampled_trees(draw, sizes=(1, 4, 7), length=6, max_vocab=3, batch=2):
+  """A branching sampler's output: (tokens [B, G, L], mask, rewards [B, G], parent
+  [B, G], fork [B, G]). Response g forks from a random earlier one (or is a root),
+  copies its first `fork` tokens (fork <= the parent's length) and samples the
+  rest; siblings often draw equal tokens, which only the sampled tree tells apart.
+  """
+  g = draw(st.sampled_from(sizes))
+  vocab = draw(st.integers(1, max_vocab))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+  tokens = rng.integers(0, vocab, (batch, g, length)).astype(np.int32)
+  lengths = np.zeros((batch, g), np.int64)
+  parent = np.full((batch, g), -1, np.int32)
+  fork = np.zeros((batch, g), np.int32)
+  for b in range(batch):
+    for i in range(g):
+      if i > 0 and rng.random() < 0.8:
+        parent[b, i] = rng.integers(0, i)
+        fork[b, i] = rng.integers(0, lengths[b, parent[b, i]] + 1)
+        tokens[b, i, :fork[b, i]] = tokens[b, parent[b, i], :fork[b, i]]
+      lengths[b, i] = rng.integers(max(fork[b, i], 1 if rng.random() < 0.9 else 0), length + 1)
+  mask = np.arange(length) < lengths[..., None]
+  tokens = np.where(mask, tokens, 0).astype(np.int32)
+  kind = draw(st.sampled_from(["binary", "graded", "equal"]))
+  if kind == "binary":
+    rewards = (rng.random((batch, g)) < 0.5).astype(np.float32)
+  elif kind == "graded":
+    rewards = rng.integers(0, 5, (batch, g)).astype(np.float32) / 4
+  else:
+    rewards = np.full((batch, g), 0.3, np.float32)
+  return tokens, mask, rewards, parent, fork

@@ -136,3 +136,48 @@ def test_unknown_command_line_field_names_the_valid_ones():
   assert message.startswith("unknown config field 'rl.foo'") and 'prompts_per_step' in message
   assert 'sampler' in tempo_script.unknown_override(['--config.bogus=2'], reference)
   assert tempo_script.unknown_override(['--config.rl.steps=3', '--workdir=/x'], reference) is None
+
+
+PAPERS = {'spo': ('spo_tree', 'spo_chain'), 'treerl': ('treerl',), 'treepo': ('treepo',),
+          'tree_grpo': ('tree_grpo',), 'qae': ('qae',), 'ngrpo': ('ngrpo',),
+          'passk': ('passk',), 'frpo': ('frpo',)}
+
+
+@pytest.mark.parametrize('paper', sorted(PAPERS))
+def test_paper_configs_compare_with_grpo_on_the_same_budget(paper):
+  import importlib
+  cfg = importlib.import_module(f'configs.{paper}').get_config()
+  loop.check_config(cfg)
+  methods = loop.parse_methods(cfg.methods)
+  assert ('grpo', 'iid') in methods
+  assert set(PAPERS[paper]) <= {name for name, _ in methods}
+  sizes = {loop.group_size(loop.with_method(cfg, f'{c}:{s}').sampler) for c, s in methods}
+  assert sizes == {8}
+  script = importlib.import_module(f'experiments.{paper}')
+  assert 'compare' in script.main.__module__
+
+
+def test_quick_run_of_tree_and_reference_methods(tmp_path):
+  """spo_tree / spo_chain (loss masks, cutpoint and fixed trees) and frpo (needs
+  reference log-probs with kl_coef = 0) through the shared loop."""
+  cfg = quick_cfg()
+  cfg.rl.steps = 2
+  cfg.methods = 'spo_tree:tree_fixed,spo_chain:tree_cutpoints,frpo:iid'
+  cfg.credit.hparams = {}
+  summary = tempo_script.run_experiment(cfg, str(tmp_path))
+  assert set(summary['methods']) == set(cfg.methods.split(','))
+  for m in cfg.methods.split(','):
+    rows = loop.read_metrics(tmp_path / m.replace(':', '_') / 'seed0' / 'metrics.jsonl')
+    assert [r['step'] for r in rows] == [0, 1, 2]
+    assert all(np.isfinite(r['loss']) for r in rows[1:])
+
+
+def test_fingerprint_ignores_the_sampler_fields_a_run_does_not_read():
+  a, b = tempo_config.get_config(), tempo_config.get_config()
+  b.sampler.score, b.sampler.branching = 'nll', (4, 2)
+  fp = lambda c, name: loop.fingerprint(loop.run_config(loop.with_method(c, name), 0))[0]
+  assert fp(a, 'grpo:iid') == fp(b, 'grpo:iid')
+  assert fp(a, 'grpo:tree_entropy') != fp(b, 'grpo:tree_entropy')
+  assert fp(a, 'grpo:tree_fixed') != fp(b, 'grpo:tree_fixed')
+  assert fp(a, 'grpo:iid') != fp(a, 'tempo:iid')
+  assert loop.fingerprint(loop.run_config(a, 0))[0] != loop.fingerprint(loop.run_config(a, 1))[0]

@@ -361,6 +361,22 @@ def test_entropy_forks_policy():
   np.testing.assert_array_equal(pos, [[0, 2, 0, 0]])  # nll 2.0 then .9 (tie: earlier).
 
 
+def test_cutpoint_forks_policy():
+  p = np.array([[[0.95, 0.5, 0.99, 0.3, 0.8, 0.1],    # length 5: p < 0.9 at 1, 3, 4
+                 [0.99, 0.95, 0.2, 0.2, 0.2, 0.2]]],  # length 2: no cutpoint
+               np.float32)
+  mask = np.arange(6) < np.array([[5, 2]])[..., None]
+  s = sampling.Samples(tokens=jnp.zeros((1, 2, 6), jnp.int32), logprobs=jnp.log(p),
+                       entropy=jnp.zeros((1, 2, 6)), mask=jnp.asarray(mask),
+                       parent=jnp.full((1, 2), -1), fork=jnp.zeros((1, 2), jnp.int32))
+  src, pos = jax.jit(sampling.CutpointForks(num_forks=2, num_continuations=2))(s)
+  np.testing.assert_array_equal(src, [[0] * 4 + [1] * 4])
+  # Chain 0: the first two cutpoints; chain 1: none, so its least likely token (t = 1).
+  np.testing.assert_array_equal(pos, [[1, 1, 3, 3, 1, 1, 1, 1]])
+  _, pos = jax.jit(sampling.CutpointForks(2, 1, every=2))(s)  # every 2nd cutpoint: 1, 4
+  np.testing.assert_array_equal(pos, [[1, 4, 1, 1]])
+
+
 def test_entropy_tree_samples(entropy, iid, teacher):
   n, f, c = G, 2, 1
   g = n * (1 + f * c)

@@ -1,0 +1,11 @@
+"""Pass@k training (Chen et al. 2025): analytic Pass@k advantages, vs GRPO.
+
+    python -m experiments.passk [--config.quick=True] [--workdir=/tmp/treecredit/passk]
+
+Methods, sampler and budget: configs/passk.py. Shared machinery: experiments/compare.py.
+"""
+
+from experiments.compare import main
+
+if __name__ == '__main__':
+  main('passk')

@@ -1,0 +1,11 @@
+"""SPO (Guo et al. 2025): SPO-tree on a fixed-branching tree and SPO-chain at low-probability cutpoints, vs GRPO.
+
+    python -m experiments.spo [--config.quick=True] [--workdir=/tmp/treecredit/spo]
+
+Methods, sampler and budget: configs/spo.py. Shared machinery: experiments/compare.py.
+"""
+
+from experiments.compare import main
+
+if __name__ == '__main__':
+  main('spo')

@@ -1,0 +1,194 @@
+"""Tree estimators (SPO, TreeRL, TreePO, Tree-GRPO, Sibling-GRPO, MARS²) against
+plain-Python references on random sampled and prefix trees, and their reductions
+to outcome-level estimators when nothing is shared."""
+
+import functools
+
+import chex
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import credit
+import trees
+import reference_tree as ref
+from groups import groups, sampled_trees
+
+TREE_ESTIMATORS = {  # name + hparams -> reference(tree) per token (before any batch whitening)
+    "spo_tree": lambda t: ref.edge_credit(t),
+    "spo_tree/grpo": lambda t: ref.edge_credit(t, normalise=True),
+    "spo_tree/leaves": lambda t: ref.edge_credit(t, value="leaves"),
+    "spo_tree/grpo/leaves": lambda t: ref.edge_credit(t, value="leaves", normalise=True),
+    "sibling_grpo": lambda t: ref.edge_credit(t, baseline="siblings", normalise=True, eps=1e-6),
+    "sibling_grpo/leaves": lambda t: ref.edge_credit(t, value="leaves", baseline="siblings",
+                                                     normalise=True, eps=1e-6),
+    "treerl": ref.treerl,
+    "treerl/sqrt": functools.partial(ref.treerl, sqrt_leaves=True),
+    "treepo": ref.treepo,
+    "tree_grpo": ref.tree_grpo,
+    "mars2_shaping": ref.mars2,
+    "spo_chain": lambda t: ref.edge_credit(t),
+}
+HPARAMS = {"grpo": dict(mode="grpo"), "leaves": dict(value="leaves"),
+           "sqrt": dict(sqrt_leaves=True)}
+WHITENED = {"treepo", "spo_chain"}
+
+
+@functools.lru_cache(maxsize=None)  # one jitted function per spec: compiled once per shape
+def estimator(spec):
+  name, *opts = spec.split("/")
+  hp = {}
+  for o in opts:
+    hp.update(HPARAMS[o])
+  return name, jax.jit(functools.partial(credit.get(name), **hp))
+
+
+def expected(spec, paths, rewards):
+  per_group = [TREE_ESTIMATORS[spec](ref.Tree(p, r)) for p, r in zip(paths, rewards)]
+  if spec.split("/")[0] in WHITENED:
+    per_group = ref.whiten(per_group)
+  return per_group
+
+
+def check(spec, adv, paths, rewards, mask):
+  want = expected(spec, paths, rewards)
+  adv = np.asarray(adv)
+  assert np.all(np.isfinite(adv)) and np.all(adv[~mask] == 0)
+  for b, group in enumerate(want):
+    for g, row in enumerate(group):
+      np.testing.assert_allclose(adv[b, g, :len(row)], row, rtol=2e-4, atol=2e-4,
+                                 err_msg=f"{spec}: prompt {b}, response {g}")
+
+
+@pytest.mark.parametrize("spec", sorted(TREE_ESTIMATORS))
+@settings(max_examples=15)  # x 12 estimators x 2 tree kinds
+@given(sampled_trees())
+def test_matches_reference_on_sampled_trees(spec, group):
+  tokens, mask, rewards, parent, fork = group
+  tree = trees.from_forks(tokens, mask, parent, fork)
+  name, fn = estimator(spec)
+  adv = fn(credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, tree=tree))
+  paths = [ref.sampled_paths(mask[b].sum(-1).tolist(), parent[b].tolist(), fork[b].tolist())
+           for b in range(len(tokens))]
+  check(spec, adv, paths, rewards, mask)
+
+
+@pytest.mark.parametrize("spec", sorted(TREE_ESTIMATORS))
+@settings(max_examples=15)
+@given(groups(sizes=(1, 5, 8), lengths=(6,), max_vocab=3, batch=(2,)))
+def test_matches_reference_on_prefix_trees(spec, group):
+  tokens, mask, rewards = group
+  name, fn = estimator(spec)
+  adv = fn(credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards))
+  paths = [ref.prefix_paths([list(tokens[b, g][mask[b, g]]) for g in range(tokens.shape[1])])
+           for b in range(len(tokens))]
+  check(spec, adv, paths, rewards, mask)
+
+
+def flat_group(seed=0, g=6, l=5, batch=3):
+  """Groups whose responses all differ at their first token: nothing is shared."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, 4, (batch, g, l)).astype(np.int32)
+  tokens[..., 0] = np.arange(g)
+  mask = np.arange(l) < rng.integers(1, l + 1, (batch, g, 1))
+  rewards = rng.integers(0, 3, (batch, g)).astype(np.float32) / 2
+  rewards[0] = 0.5  # one group with all-equal rewards
+  return credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards)
+
+
+def flat_mars2(r, gamma=0.5, lam=0.5):
+  others = (r.sum(-1, keepdims=True) - r) / (r.shape[-1] - 1)
+  return r + gamma * (r - ((1 - lam) * r.mean(-1, keepdims=True) + lam * others))
+
+
+REDUCTIONS = [  # tree estimator == its outcome-level counterpart when nothing is shared
+    ("spo_tree", {}, lambda r: credit.get("dr_grpo")(r)),
+    ("spo_tree", dict(mode="grpo"), lambda r: credit.get("grpo")(r, eps=1e-8)),
+    ("spo_chain", {}, lambda r: credit.get("reinforce_pp_baseline")(r)),
+    ("sibling_grpo", {}, lambda r: credit.get("grpo")(r)),
+    ("treerl", {}, lambda r: 2 * credit.get("rloo")(r)),
+    ("treerl", dict(sqrt_leaves=True), lambda r: 2 * credit.get("rloo")(r)),
+    ("treepo", {}, lambda r: credit.get("reinforce_pp_baseline")(r)),
+    ("tree_grpo", {}, lambda r: credit.get("grpo")(r)),
+    ("mars2_shaping", {}, lambda r: credit.get("grpo")(r.replace(rewards=flat_mars2(r.rewards)))),
+]
+
+
+@pytest.mark.parametrize("name,hp,outcome", REDUCTIONS, ids=[f"{n}{h}" for n, h, _ in REDUCTIONS])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_reduces_to_outcome_counterpart_without_shared_prefixes(name, hp, outcome, explicit):
+  rollouts = flat_group()
+  if explicit:  # every response a root chain of the sampled tree
+    shape = rollouts.rewards.shape
+    rollouts = rollouts.replace(tree=trees.from_forks(
+        rollouts.tokens, rollouts.mask, np.full(shape, -1), np.zeros(shape, np.int32)))
+  adv = credit.get(name)(rollouts, **hp)
+  np.testing.assert_allclose(adv, outcome(rollouts), rtol=1e-5, atol=1e-6)
+  if name not in WHITENED:  # (whitening over the batch shifts every group)
+    assert np.all(np.asarray(adv)[0] == 0)  # all-equal rewards: exactly 0
+
+
+@pytest.mark.parametrize("name", ["spo_tree", "spo_chain", "sibling_grpo", "treerl", "treepo",
+                                  "tree_grpo", "mars2_shaping"])
+def test_jit_vmap_and_degenerate_groups(name):
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, 2, (4, 5, 6)).astype(np.int32)
+  mask = np.arange(6) < np.array([[6, 0, 3, 6, 6]] * 4)[..., None]  # one empty response
+  rewards = (rng.random((4, 5)) < 0.5).astype(np.float32)
+  rewards[1] = 1.0
+  tokens[2] = tokens[2, :1]  # identical responses
+  rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards)
+  fn = credit.get(name)
+  adv = fn(rollouts)
+  chex.assert_shape(adv, (4, 5, 6))
+  chex.assert_tree_all_finite(adv)
+  np.testing.assert_allclose(jax.jit(fn)(rollouts), adv, atol=1e-6)
+  if name not in WHITENED:  # per-group estimators: vmap over prompts = batched call
+    np.testing.assert_allclose(jax.vmap(fn)(rollouts), adv, atol=1e-6)
+    assert np.all(np.asarray(adv)[1] == 0)  # all-equal rewards
+  one = credit.Rollouts(tokens=tokens[:, :1], mask=mask[:, :1], rewards=rewards[:, :1])
+  chex.assert_tree_all_finite(fn(one))
+
+
+def test_child_mean_values_equal_leaf_means_on_a_full_tree():
+  # A fixed (3, 2) tree with 2-token segments: every node at a depth has as many children.
+  from experiments.sampling import fixed_tree
+  parent, fork, _ = fixed_tree((3, 2), 2)
+  rng = np.random.default_rng(0)
+  tokens = np.zeros((6, 5), np.int32)
+  mask = np.ones((6, 5), bool)
+  tree = trees.from_forks(tokens, mask, parent, fork)
+  rewards = rng.random(6).astype(np.float32)
+  np.testing.assert_allclose(trees.child_mean_values(tree, rewards),
+                             trees.node_mean(tree, rewards), rtol=1e-6)
+  # An unbalanced tree: the root's children are a 3-leaf subtree and one leaf.
+  tree = trees.from_forks(tokens[:4], mask[:4], np.array([-1, 0, 0, -1]), np.array([0, 1, 1, 0]))
+  r = np.array([1.0, 0.0, 0.0, 1.0], np.float32)
+  v = trees.child_mean_values(tree, r)
+  assert np.isclose(v[0], (1 / 3 + 1) / 2) and np.isclose(trees.node_mean(tree, r)[0], 0.5)
+
+
+def test_spo_loss_masks():
+  rollouts = flat_group()
+  adv = credit.get("spo_tree")(rollouts)
+  np.testing.assert_array_equal(credit.loss_mask("spo_tree", rollouts, adv), rollouts.mask)
+  kept = credit.loss_mask("spo_tree", rollouts, adv, drop_zero=True)
+  np.testing.assert_array_equal(kept, rollouts.mask & (np.asarray(adv) != 0))
+  logprobs = np.log(np.where(np.arange(5) % 2 == 0, 0.95, 0.5) * np.ones(rollouts.tokens.shape))
+  chain = rollouts.replace(logprobs=logprobs.astype(np.float32))
+  adv = credit.get("spo_chain")(chain)
+  kept = credit.loss_mask("spo_chain", chain, adv)
+  np.testing.assert_array_equal(kept, rollouts.mask & (np.arange(5) % 2 == 1))
+  assert np.all(np.asarray(adv)[~kept] == 0)
+  flat = np.asarray(adv)[kept]
+  assert abs(flat.mean()) < 1e-5 and abs(flat.std() - 1) < 1e-3  # whitened over kept tokens
+  assert credit.loss_mask("grpo", rollouts, adv) is rollouts.mask
+
+
+def test_bad_hyperparameters_raise():
+  rollouts = flat_group()
+  with pytest.raises(ValueError, match="mode"):
+    credit.get("spo_tree")(rollouts, mode="ppo")
+  with pytest.raises(ValueError, match="kind"):
+    credit.get("sibling_grpo")(rollouts, value="max")
