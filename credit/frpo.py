@@ -17,7 +17,7 @@ def frpo(rollouts: Rollouts, beta: float = 0.01, eps: float = 1e-6):
   π is the sampling policy (`old_logprobs`, else `logprobs`); `ref_logprobs`
   is required. When π = π_ref this is GRPO. Returns float32 [..., G, L].
   """
-  policy = rollouts.old_logprobs if rollouts.old_logprobs is not None else rollouts.logprobs
+  policy = rollouts.sampling_logprobs
   if policy is None or rollouts.ref_logprobs is None:
     raise ValueError("frpo needs rollouts.logprobs (or old_logprobs) and rollouts.ref_logprobs.")
   log_ratio = jnp.where(rollouts.mask, policy - rollouts.ref_logprobs, 0.0)

@@ -38,14 +38,20 @@ def whiten_nonzero(x, mask, eps=1e-8):
   return jnp.where(jnp.all(jnp.where(mask, x, 0.0) == 0), 0.0, masked_whiten(x, mask, eps))
 
 
+def loo_mean(x):
+  """mean_{j≠i} x_j over the group axis [..., G] (0 for a group of one)."""
+  g = x.shape[-1]
+  if g == 1:
+    return jnp.zeros_like(x)
+  return (jnp.sum(x, axis=-1, keepdims=True) - x) / (g - 1)
+
+
 def loo_centred(rewards):
   """R_i − mean_{j≠i} R_j over the group axis [..., G]; exactly 0 for a group of
   one and for a group whose rewards are all equal."""
-  g = rewards.shape[-1]
-  if g == 1:
+  if rewards.shape[-1] == 1:
     return jnp.zeros_like(rewards)
-  others = (jnp.sum(rewards, axis=-1, keepdims=True) - rewards) / (g - 1)
-  return jnp.where(all_equal(rewards), 0.0, rewards - others)
+  return jnp.where(all_equal(rewards), 0.0, rewards - loo_mean(rewards))
 
 
 def rounding_tolerance(rewards, rel: float = 1e-5):

@@ -3,18 +3,10 @@
 import jax
 import jax.numpy as jnp
 
-from credit.groups import loo_centred
+from credit.groups import loo_centred, loo_mean
 from credit.registry import register
 from credit.returns import reverse_linear_scan
 from credit.rollouts import Rollouts
-
-
-def _loo_mean(x):
-  """mean_{j≠i} x_j over the group axis [..., G] (0 for a group of one)."""
-  g = x.shape[-1]
-  if g == 1:
-    return jnp.zeros_like(x)
-  return (jnp.sum(x, axis=-1, keepdims=True) - x) / (g - 1)
 
 
 @register("pure")
@@ -48,4 +40,4 @@ def pure(rollouts: Rollouts, temperature: float = 0.1, form: str = "min",
     r = jnp.where(steps, w * r, 0.0)
   m = mask.astype(jnp.float32)
   returns = reverse_linear_scan((per_token + r) * m, m)
-  return jnp.where(mask, returns - _loo_mean(returns[..., 0])[..., None], 0.0)
+  return jnp.where(mask, returns - loo_mean(returns[..., 0])[..., None], 0.0)

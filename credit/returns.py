@@ -86,7 +86,7 @@ def reinforce_pp(rollouts: Rollouts, kl_coef: float = 0.01, kl_estimator: str = 
   `ref_logprobs`; without `ref_logprobs` there is no KL term.
   """
   rewards = outcome_token_rewards(rollouts)
-  policy = rollouts.old_logprobs if rollouts.old_logprobs is not None else rollouts.logprobs
+  policy = rollouts.sampling_logprobs
   if rollouts.ref_logprobs is not None and policy is not None:
     rewards = rewards - kl_coef * kl_penalty(policy, rollouts.ref_logprobs, rollouts.mask,
                                              kl_estimator)

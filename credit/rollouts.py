@@ -38,3 +38,8 @@ class Rollouts:
   @property
   def group_size(self) -> int:
     return self.tokens.shape[-2]
+
+  @property
+  def sampling_logprobs(self) -> Optional[jax.Array]:
+    """Log-probs under the sampling policy: `old_logprobs`, else `logprobs` (or None)."""
+    return self.old_logprobs if self.old_logprobs is not None else self.logprobs

@@ -39,7 +39,7 @@ def spo_tree(rollouts: Rollouts, mode: str = "rloo", value: str = "children",
 
 def _kept_tokens(rollouts, threshold):
   """Tokens with p <= threshold under the sampling policy (all if no log-probs)."""
-  logprobs = rollouts.old_logprobs if rollouts.old_logprobs is not None else rollouts.logprobs
+  logprobs = rollouts.sampling_logprobs
   if logprobs is None:
     return rollouts.mask
   return rollouts.mask & (logprobs <= jnp.log(threshold))

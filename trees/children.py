@@ -45,16 +45,33 @@ def end_nodes(tree: PrefixTree):
   return jnp.where(lengths > 0, last, 0)
 
 
-def _child_stats(tree, node_values, leaf_values, ddof=0):
+def _children_reducer(tree, terminal=True):
+  """(valid, parent, end, reduce): reduce(x_nodes [N], y_leaves [G]) sums over each
+  node's children, real ones (by `node_parent`) and, if `terminal`, terminal ones."""
   n = tree.num_nodes
   valid = (tree.node_count > 0) & (jnp.arange(n) > 0)
   parent = jnp.where(valid, tree.node_parent, n)
   end = end_nodes(tree)
+
+  def reduce(nodes, leaves):
+    out = jax.ops.segment_sum(nodes, parent, num_segments=n)
+    return out + jax.ops.segment_sum(leaves, end, num_segments=n) if terminal else out
+
+  return valid, parent, end, reduce
+
+
+def _child_count(tree, terminal=True):
+  valid, _, _, reduce = _children_reducer(tree, terminal)
+  return reduce(valid.astype(jnp.float32), jnp.ones(tree.group_size))
+
+
+def _child_stats(tree, node_values, leaf_values=None, ddof=0):
+  """Stats over each node's children; without `leaf_values`, over its child nodes only."""
+  terminal = leaf_values is not None
+  valid, parent, end, reduce = _children_reducer(tree, terminal)
   x = jnp.where(valid, jnp.asarray(node_values, jnp.float32), 0.0)
-  y = jnp.asarray(leaf_values, jnp.float32)
-  reduce = lambda nodes, leaves: (jax.ops.segment_sum(nodes, parent, num_segments=n)
-                                  + jax.ops.segment_sum(leaves, end, num_segments=n))
-  count = reduce(valid.astype(jnp.float32), jnp.ones_like(y))
+  y = jnp.asarray(leaf_values if terminal else jnp.zeros(tree.group_size), jnp.float32)
+  count = _child_count(tree, terminal)
   total = reduce(x, y)
   mean = total / jnp.maximum(count, 1.0)
   take = lambda v, ids: jnp.take(v, ids, mode="fill", fill_value=0)
@@ -65,8 +82,7 @@ def _child_stats(tree, node_values, leaf_values, ddof=0):
 
 def _child_mean_values(tree, rewards):
   n = tree.num_nodes
-  count = _child_stats(tree, jnp.zeros(n), jnp.zeros(tree.group_size)).count
-  log_c = jnp.log(jnp.maximum(count, 1).astype(jnp.float32))
+  log_c = jnp.log(jnp.maximum(_child_count(tree), 1.0))
   mask = tree.mask
   # log 1/P(s_{t+1} → end of g) = Σ_{t' >= t} log c(s_{t'+1}): a reverse cumulative sum.
   log_c_after = jnp.where(mask, jnp.take(log_c, tree.node, mode="fill", fill_value=0), 0.0)

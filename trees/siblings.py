@@ -1,13 +1,15 @@
-"""Statistics over siblings: the children of the same parent node.
+"""Statistics over sibling nodes: the child nodes of the same parent.
 
-Used by sibling-relative tree estimators (Sibling-GRPO, SPO-tree's "grpo"
-mode, MARS²): each node is compared with the other children of its parent.
+Responses that end at the parent are not counted here; `trees.child_stats`
+counts them as terminal children, as the sibling-relative tree estimators
+(Sibling-GRPO, SPO-tree's "grpo" mode, MARS²) do.
 """
 
 import flax
 import jax
 import jax.numpy as jnp
 
+from trees.children import _child_stats
 from trees.node_values import per_group
 from trees.prefix_tree import PrefixTree
 
@@ -33,16 +35,12 @@ def _sibling_stats(tree, node_values):
   valid = (tree.node_count > 0) & (jnp.arange(tree.num_nodes) > 0)
   parent = jnp.where(valid, tree.node_parent, tree.num_nodes)
   x = jnp.where(valid, jnp.asarray(node_values, jnp.float32), 0.0)
-  reduce = lambda v: jax.ops.segment_sum(v, parent, num_segments=tree.num_nodes)
-  gather = lambda v: jnp.take(v, parent, mode="fill", fill_value=0)
-  count = gather(reduce(valid.astype(jnp.float32)))
-  total = gather(reduce(x))
-  mean = total / jnp.maximum(count, 1.0)
-  var = gather(reduce(jnp.where(valid, (x - mean) ** 2, 0.0))) / jnp.maximum(count, 1.0)
+  stats = _child_stats(tree, x)  # over the parent's child nodes
+  gather = lambda v: jnp.where(valid, jnp.take(v, parent, mode="fill", fill_value=0), 0)
+  count, total = gather(stats.count), gather(stats.sum)
   loo = jnp.where(count > 1, (total - x) / jnp.maximum(count - 1.0, 1.0), 0.0)
-  zero = lambda v: jnp.where(valid, v, 0.0)
-  return SiblingStats(count=zero(count).astype(jnp.int32), mean=zero(mean),
-                      std=zero(jnp.sqrt(var)), loo_mean=zero(loo))
+  return SiblingStats(count=count, mean=gather(stats.mean), std=gather(stats.std),
+                      loo_mean=jnp.where(valid, loo, 0.0))
 
 
 def sibling_stats(tree: PrefixTree, node_values) -> SiblingStats:
