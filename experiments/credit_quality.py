@@ -31,7 +31,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
