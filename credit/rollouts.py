@@ -5,6 +5,7 @@ from typing import Optional
 import flax
 import jax
 
+import trees
 from trees import PrefixTree
 
 
@@ -43,3 +44,10 @@ class Rollouts:
   def sampling_logprobs(self) -> Optional[jax.Array]:
     """Log-probs under the sampling policy: `old_logprobs`, else `logprobs` (or None)."""
     return self.old_logprobs if self.old_logprobs is not None else self.logprobs
+
+
+def tree_of(rollouts: Rollouts) -> trees.PrefixTree:
+  """The rollouts' explicit tree if they carry one, else the prefix tree of their tokens."""
+  if rollouts.tree is not None:
+    return rollouts.tree
+  return trees.build(rollouts.tokens, rollouts.mask)

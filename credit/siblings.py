@@ -6,8 +6,7 @@ import trees
 from credit.groups import rounding_tolerance
 from credit.outcome import grpo
 from credit.registry import register
-from credit.rollouts import Rollouts
-from credit.tempo import tree_of
+from credit.rollouts import Rollouts, tree_of
 from credit.tree_edges import edge_advantages
 
 

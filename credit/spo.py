@@ -6,8 +6,7 @@ import jax.numpy as jnp
 
 from credit.groups import whiten_nonzero
 from credit.registry import register
-from credit.rollouts import Rollouts
-from credit.tempo import tree_of
+from credit.rollouts import Rollouts, tree_of
 from credit.tree_edges import edge_advantages
 
 

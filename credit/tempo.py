@@ -6,14 +6,7 @@ import trees
 from credit.groups import all_equal, group_stats
 from credit.outcome import grpo
 from credit.registry import register
-from credit.rollouts import Rollouts
-
-
-def tree_of(rollouts: Rollouts) -> trees.PrefixTree:
-  """The rollouts' explicit tree if they carry one, else the prefix tree of their tokens."""
-  if rollouts.tree is not None:
-    return rollouts.tree
-  return trees.build(rollouts.tokens, rollouts.mask)
+from credit.rollouts import Rollouts, tree_of
 
 
 @register("tempo")

@@ -7,8 +7,7 @@ import trees
 from credit.groups import to_tokens
 from credit.outcome import grpo
 from credit.registry import register
-from credit.rollouts import Rollouts
-from credit.tempo import tree_of
+from credit.rollouts import Rollouts, tree_of
 
 
 @register("tree_grpo")

@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import trees
 from credit.groups import loo_centred
 from credit.registry import register
-from credit.rollouts import Rollouts
-from credit.tempo import tree_of
+from credit.rollouts import Rollouts, tree_of
 
 
 @register("treerl")

@@ -71,7 +71,7 @@ def _child_stats(tree, node_values, leaf_values=None, ddof=0):
   valid, parent, end, reduce = _children_reducer(tree, terminal)
   x = jnp.where(valid, jnp.asarray(node_values, jnp.float32), 0.0)
   y = jnp.asarray(leaf_values if terminal else jnp.zeros(tree.group_size), jnp.float32)
-  count = _child_count(tree, terminal)
+  count = reduce(valid.astype(jnp.float32), jnp.ones(tree.group_size))
   total = reduce(x, y)
   mean = total / jnp.maximum(count, 1.0)
   take = lambda v, ids: jnp.take(v, ids, mode="fill", fill_value=0)
