@@ -21,6 +21,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from configs import lm as lm_config
 from configs import tempo as tempo_config
 from experiments import loop, plots
 from experiments import train_step as ts
@@ -46,13 +47,16 @@ def unknown_override(argv, reference) -> str | None:
 def run_experiment(cfg, workdir: str) -> dict:
   """SFT once, then every method x seed; writes plots + summary.json; returns the summary."""
   if cfg.quick:
-    tempo_config.shrink(cfg)
+    (lm_config if loop.is_text(cfg) else tempo_config).shrink(cfg)
   loop.check_config(cfg)
   methods = [f'{c}:{s}' for c, s in loop.parse_methods(cfg.methods)]
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
-  params0, sft_info = loop.sft(cfg, os.path.join(workdir, 'sft'))
-  print(f'SFT warm start: greedy acc {sft_info["greedy_acc"]:.3f}, '
+  if loop.is_text(cfg):  # a pretrained (instruct) model is the starting point
+    params0, sft_info = loop.pretrained_start(cfg)
+  else:
+    params0, sft_info = loop.sft(cfg, os.path.join(workdir, 'sft'))
+  print(f'{"Start" if loop.is_text(cfg) else "SFT warm start"}: greedy acc {sft_info["greedy_acc"]:.3f}, '
         f'pass@{cfg.eval.pass_k} {sft_info[f"pass@{cfg.eval.pass_k}"]:.3f} '
         f'({sft_info["wall_s"]:.1f} s)', flush=True)
   results, rows = {}, {}
@@ -67,12 +71,11 @@ def run_experiment(cfg, workdir: str) -> dict:
       rows.setdefault(method, []).append(loop.read_metrics(os.path.join(d, 'metrics.jsonl')))
       print(f'  {method:>20s} seed {seed}: final acc {s["final_acc"]:.3f} '
             f'(peak {s["peak_acc"]:.3f}), {s["wall_s"]:.1f} s', flush=True)
-  task = loop.build_task(cfg)
   paths = plots.plot_runs(rows, workdir, title=(
       f'{cfg.task.name} {dict(cfg.task.kwargs)}: {cfg.rl.steps} steps x '
       f'{cfg.rl.prompts_per_step} prompts, seeds {tuple(cfg.seeds)}'))
   summary = dict(sft=sft_info, methods=results, total_wall_s=time.time() - t0, plots=paths,
-                 task=task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
+                 task=cfg.task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
                                                    results[m][0]['group_size'] for m in results})
   with open(os.path.join(workdir, 'summary.json'), 'w') as f:
     json.dump(summary, f, indent=1)
@@ -106,10 +109,11 @@ def main(name: str):
     config = config_flags.DEFINE_config_file(
         'config', os.path.join(CONFIG_DIR, f'{name}.py'), 'Experiment config (ml_collections).')
   except (KeyError, AttributeError) as e:
-    message = unknown_override(sys.argv[1:], tempo_config.get_config())
+    message = unknown_override(sys.argv[1:], reference())
     if message is None:
       raise
     raise SystemExit(message) from e
+  reference = lambda: (lm_config if name == 'lm' else tempo_config).get_config()
   workdir = flags.DEFINE_string('workdir', f'/tmp/treecredit/{name}', 'Output directory.')
 
   def run(argv):
@@ -121,7 +125,7 @@ def main(name: str):
   try:
     app.run(run)
   except KeyError as e:  # an unknown --config.<field>, if ml_collections reports it only here
-    message = unknown_override(sys.argv[1:], tempo_config.get_config())
+    message = unknown_override(sys.argv[1:], reference())
     if message is None:
       raise
     raise SystemExit(message) from e

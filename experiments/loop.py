@@ -37,8 +37,11 @@ from tqdm.auto import tqdm
 import credit
 import envs
 import trees
+from configs import lm as lm_config
 from configs import tempo as default_config
-from experiments import policy, sampling
+from envs import text_tasks
+from experiments import sampling, text_rollouts
+from experiments.models import decoder
 from experiments import train_step as ts
 
 SAMPLERS = default_config.SAMPLERS
@@ -66,7 +69,8 @@ def check_config(cfg, reference=None, prefix=''):
 
   Also checks the task, sampler, credit estimator and loss settings by name.
   """
-  reference = default_config.get_config() if reference is None else reference
+  if reference is None:
+    reference = lm_config.get_config() if is_text(cfg) else default_config.get_config()
   for key in cfg.keys():
     path = prefix + key
     if key not in reference:
@@ -76,7 +80,10 @@ def check_config(cfg, reference=None, prefix=''):
       check_config(cfg[key], reference[key], path + '.')
   if prefix:
     return
-  envs.get(cfg.task.name, **dict(cfg.task.kwargs))
+  if is_text(cfg):
+    text_tasks.make_text_task(cfg.task.name, **dict(cfg.task.kwargs))
+  else:
+    envs.get(cfg.task.name, **dict(cfg.task.kwargs))
   credit.get(cfg.credit.name)
   if cfg.sampler.name not in SAMPLERS:
     raise ValueError(f'unknown sampler {cfg.sampler.name!r}; valid: {", ".join(SAMPLERS)}')
@@ -112,8 +119,8 @@ def build_task(cfg):
   return envs.get(cfg.task.name, **dict(cfg.task.kwargs))
 
 
-def policy_config(cfg, task) -> policy.PolicyConfig:
-  return policy.PolicyConfig(vocab_size=task.vocab_size, max_len=task.prompt_len + task.response_len,
+def policy_config(cfg, task) -> decoder.PolicyConfig:
+  return decoder.PolicyConfig(vocab_size=task.vocab_size, max_len=task.prompt_len + task.response_len,
                              **dict(cfg.model))
 
 
@@ -164,11 +171,15 @@ def fingerprint(cfg) -> tuple[str, dict]:
 # Jitted pieces (cached on their static arguments).
 
 
-def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=None):
-  """Samples [B, G, L] from the sampler named in scfg."""
+def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=None,
+           prompt_len=None):
+  """Samples [B, G, L] from the sampler named in scfg.
+
+  `task`: anything with eos_id, pad_id, response_len (a JAX task or a problem).
+  """
   kw = dict(temperature=scfg.temperature if temperature is None else temperature,
             top_p=scfg.top_p, top_k=scfg.top_k, eos_id=task.eos_id, pad_id=task.pad_id,
-            prompt_ids=prompt_ids)
+            prompt_ids=prompt_ids, prompt_len=prompt_len)
   r = task.response_len
   if scfg.name == 'iid':
     return sampling.sample_iid(params, pcfg, key, prompts, scfg.group_size, r, **kw)
@@ -199,11 +210,12 @@ def group_rewards(prompts, tokens, mask, info, *, task):
 
 
 @functools.partial(jax.jit, static_argnames=('cfg',))
-def rows_logprobs(params, prompts, tokens, mask, *, cfg):
+def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, *, cfg):
   """Teacher-forced log-probs of [B, G, L] responses, 0 where masked."""
   b, g, l = tokens.shape
-  lp, _ = policy.token_logprobs(params, cfg, jnp.repeat(prompts, g, axis=0),
-                                tokens.reshape(b * g, l))
+  plen = None if prompt_len is None else jnp.repeat(prompt_len, g, axis=0)
+  lp, _ = decoder.token_logprobs(params, cfg, jnp.repeat(prompts, g, axis=0),
+                                tokens.reshape(b * g, l), plen)
   return jnp.where(mask, lp.reshape(b, g, l), 0.0)
 
 
@@ -237,6 +249,40 @@ def _demo_batch(key, *, task, n):
   prompts, info = task.sample(key, n)
   responses, mask = task.demonstrations(prompts, info)
   return prompts, responses, mask
+
+
+class JaxProblem:
+  """A JAX task (envs.registry) for the loop: prompts and rewards computed in jit.
+
+  Same interface as `text_rollouts.TextProblem` (the text-task side).
+  """
+
+  def __init__(self, cfg):
+    self.task = build_task(cfg)
+    self.pcfg = policy_config(cfg, self.task)
+    self.eos_id, self.pad_id = self.task.eos_id, self.task.pad_id
+    self.response_len = self.task.response_len
+
+  def draw(self, key, step: int, n: int) -> text_rollouts.Draw:
+    prompts, info = _task_sample(key, task=self.task, n=n)
+    return text_rollouts.Draw(prompts, None, jnp.arange(n, dtype=jnp.int32) + step * n, info)
+
+  def rewards(self, draw, samples):
+    return group_rewards(draw.prompts, samples.tokens, samples.mask, draw.handle,
+                         task=self.task), {}
+
+  def evaluate(self, params, ecfg) -> dict:
+    return evaluate(params, self.pcfg, self.task, ecfg)
+
+
+def is_text(cfg) -> bool:
+  """Text task on a pretrained model (configs/lm.py) rather than a JAX task."""
+  return 'lm' in cfg
+
+
+def build_problem(cfg):
+  """JaxProblem or text_rollouts.TextProblem for cfg."""
+  return text_rollouts.TextProblem(cfg) if is_text(cfg) else JaxProblem(cfg)
 
 
 # ----------------------------------------------------------------------------
@@ -359,7 +405,7 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   fp, flat = fingerprint(sub)
   s = cfg.sft
   tx = ts.make_optimizer(s.lr, s.warmup_steps, s.weight_decay, cfg.optimizer.grad_clip)
-  state = ts.init_state(policy.init_params(jax.random.PRNGKey(s.seed), pcfg), tx, seed=s.seed)
+  state = ts.init_state(decoder.init_params(jax.random.PRNGKey(s.seed), pcfg), tx, seed=s.seed)
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   restored, meta = restore_checkpoint(mngr, state, fp, flat)
   if restored is not None and meta.get('done'):
@@ -382,6 +428,14 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   return state.params, info
 
 
+def pretrained_start(cfg):
+  """Starting point of a text-task run: the pretrained params and their eval (no SFT)."""
+  t0 = time.time()
+  problem = build_problem(cfg)
+  ev = problem.evaluate(problem.init_params, cfg.eval)
+  return problem.init_params, dict(wall_s=time.time() - t0, source=cfg.lm.source, **ev)
+
+
 # ----------------------------------------------------------------------------
 # RL.
 
@@ -399,8 +453,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   check_config(cfg)
   method = method or f'{cfg.credit.name}:{cfg.sampler.name}'
   progress = cfg.progress if progress is None else progress
-  task = build_task(cfg)
-  pcfg = policy_config(cfg, task)
+  problem = build_problem(cfg)
+  pcfg = problem.pcfg
   loss_cfg = loss_config(cfg)
   run_seed = cfg.rl.seed + seed
   fp, flat = fingerprint(run_config(cfg, run_seed))
@@ -440,25 +494,27 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   last_eval, pending = {}, None
   try:
     if start == 0:  # eval of the starting policy, logged as step 0
-      last_eval = evaluate(state.params, pcfg, task, cfg.eval)
+      last_eval = problem.evaluate(state.params, cfg.eval)
       writer.write(dict(step=0, wall_s=0.0, method=method, seed=seed, **last_eval))
     for i in bar:
       k = jax.random.fold_in(key, i)
       t0 = time.perf_counter()
       pending = None
-      prompts, info = _task_sample(jax.random.fold_in(k, 0), task=task, n=b)
+      draw = problem.draw(jax.random.fold_in(k, 0), i, b)
+      prompts, plen = draw.prompts, draw.prompt_len
       if b % n_dev == 0:
         prompts = jax.device_put(prompts, row_sharding)
-      samples = sample(state.params, pcfg, task, scfg, jax.random.fold_in(k, 1), prompts,
-                       prompt_ids=jnp.arange(b, dtype=jnp.int32) + i * b)
-      rewards = group_rewards(prompts, samples.tokens, samples.mask, info, task=task)
+      samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1), prompts,
+                       prompt_ids=draw.prompt_ids, prompt_len=plen)
+      rewards, reward_metrics = problem.rewards(draw, samples)
       rewards.block_until_ready()
       t1 = time.perf_counter()
       if cfg.rl.recompute_logprobs:  # teacher-forced: ratio exactly 1 at the first update
-        old_lp = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, cfg=pcfg)
+        old_lp = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen,
+                               cfg=pcfg)
       else:  # the sampler's untempered log-probs (same params; equal up to float rounding)
         old_lp = samples.logprobs
-      ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, cfg=pcfg)
+      ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, plen, cfg=pcfg)
                 if need_ref else None)
       train_rewards = rewards
       if need_ref and loss_cfg.kl_in_reward:
@@ -470,7 +526,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                            samples.fork, old_lp, ref_lp)
       adv.block_until_ready()
       t3 = time.perf_counter()
-      batch = ts.batch_from_samples(prompts, samples.tokens, loss_mask, adv, old_lp, ref_lp)
+      batch = ts.batch_from_samples(prompts, samples.tokens, loss_mask, adv, old_lp, ref_lp,
+                                    plen)
       if batch.tokens.shape[0] % n_dev == 0:
         batch = ts.shard_batch(batch, mesh)
       state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
@@ -487,10 +544,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,
                  step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),
                  train_tokens_per_s=ntok * loss_cfg.num_epochs / (t4 - t3),
-                 credit_frac=(t3 - t2) / (t4 - t0))
+                 credit_frac=(t3 - t2) / (t4 - t0), **reward_metrics)
       pending = row  # update applied, row not yet written (see KeyboardInterrupt below)
       if step % cfg.eval.every == 0 or step == cfg.rl.steps:
-        last_eval = evaluate(state.params, pcfg, task, cfg.eval)
+        last_eval = problem.evaluate(state.params, cfg.eval)
         row.update(last_eval)
       writer.write(row)
       pending = None

@@ -5,7 +5,7 @@ Output `Samples` are [B, G, L]: B prompts, G responses per prompt, L = max_new_t
 Conventions
   * `logprobs` / `entropy` are under the model's UNTEMPERED distribution
     (temperature 1, no top-k / top-p), whatever was used for sampling: this is
-    what PPO/GRPO ratios against `policy.token_logprobs` need.
+    what PPO/GRPO ratios against `decoder.token_logprobs` need.
   * `mask[b, g, t]` is True on generated tokens up to and including the first EOS
     (a prefix run from t = 0; all True if no EOS). After it tokens are `pad_id`
     and logprobs / entropy are 0.
@@ -25,9 +25,10 @@ Conventions
     the chains of `sample_tree_forks` equal `sample_iid(num_chains)` and leaf 0
     of `sample_tree_fixed` equals response 0 of `sample_iid`.
   * temperature (0 = greedy), top_k, top_p are traced: changing them, or
-    prompt_len / prompt_ids, does not recompile. Static: cfg, sizes, eos_id,
+    prompt_len / prompt_ids, does not recompile. Static: cfg, sizes, eos_id (an
+    id or a tuple of stop ids, e.g. a chat model's end-of-turn and end-of-text),
     pad_id, the tree shape and the fork policy.
-  * Prompts are right-padded (see policy.py); `prompt_len` [B] gives true lengths
+  * Prompts are right-padded (see models/decoder.py); `prompt_len` [B] gives true lengths
     (None = all P). P + L must be <= cfg.max_len.
   * Decode loops are `lax.while_loop`s of one-token steps over a static-shape KV
     cache that stop as soon as every row has emitted EOS or reached its stop index.
@@ -50,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from experiments import policy
+from experiments.models import decoder
 
 
 @struct.dataclass
@@ -76,7 +77,7 @@ class Rollout:
   Row r feeds `token` at position `prompt_len + index - 1` and samples response
   token `index` next, using `uniforms[r, index]`.
   """
-  cache: policy.KVCache   # [num_layers, R, S, H, Dh]
+  cache: decoder.KVCache   # [num_layers, R, S, H, Dh]
   uniforms: jax.Array     # [R, L] f32, the row's response's uniform stream
   prompt_len: jax.Array   # [R] int32
   prompt_last: jax.Array  # [R] int32, last prompt token
@@ -149,7 +150,7 @@ def response_uniforms(key, prompt_ids, response_ids, length: int):
   return u.reshape(b, n, length)
 
 
-def start(params, cfg: policy.PolicyConfig, prompts, uniforms, *, prompt_len=None,
+def start(params, cfg: decoder.PolicyConfig, prompts, uniforms, *, prompt_len=None,
           pad_id: int = 0) -> Rollout:
   """Prefills prompts [B, P] once and repeats each cache row per response.
 
@@ -162,7 +163,7 @@ def start(params, cfg: policy.PolicyConfig, prompts, uniforms, *, prompt_len=Non
     raise ValueError(f'P + L = {p + l} > max_len = {cfg.max_len}')
   prompt_len = (jnp.full((b,), p, jnp.int32) if prompt_len is None
                 else jnp.asarray(prompt_len, jnp.int32))
-  _, cache = policy.prefill(params, cfg, prompts)
+  _, cache = decoder.prefill(params, cfg, prompts)
   rows = np.repeat(np.arange(b), n)  # Prompt of each row.
   last = jnp.take_along_axis(prompts, (prompt_len - 1)[:, None], axis=1)[:, 0]
   last = last[rows].astype(jnp.int32)
@@ -181,7 +182,7 @@ def start(params, cfg: policy.PolicyConfig, prompts, uniforms, *, prompt_len=Non
       mask=jnp.zeros((r, l), bool))
 
 
-def decode(params, cfg: policy.PolicyConfig, state: Rollout, stop, *,
+def decode(params, cfg: decoder.PolicyConfig, state: Rollout, stop, *,
            temperature=1.0, top_k=0, top_p=1.0, eos_id: Optional[int] = None) -> Rollout:
   """Samples one token per active row per step until response index `stop`.
 
@@ -200,14 +201,15 @@ def decode(params, cfg: policy.PolicyConfig, state: Rollout, stop, *,
 
   def body(s):
     act = active(s)
-    logits, cache = policy.decode_step(
+    logits, cache = decoder.decode_step(
         params, cfg, s.cache, s.token, s.prompt_len + s.index - 1)
-    logp, ent = policy.log_softmax_entropy(logits)
+    logp, ent = decoder.log_softmax_entropy(logits)
     u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.index, length - 1)[:, None], 1)[:, 0]
     new = select_tokens(u, logits, temperature, top_k, top_p)
     lp = jnp.take_along_axis(logp, new[:, None], axis=-1)[:, 0]
     write = act[:, None] & (slots == s.index[:, None])
-    finished = (new == eos_id) if eos_id is not None else jnp.zeros_like(act)
+    finished = (jnp.isin(new, jnp.asarray(eos_id, jnp.int32)) if eos_id is not None
+                else jnp.zeros_like(act))
     return s.replace(
         cache=cache,
         token=jnp.where(act, new, s.token),
@@ -313,7 +315,7 @@ def _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_sample
   return _decode(params, state, max_new_tokens, knobs, cfg=cfg, eos_id=eos_id)
 
 
-def sample_iid(params, cfg: policy.PolicyConfig, key, prompts, num_samples: int,
+def sample_iid(params, cfg: decoder.PolicyConfig, key, prompts, num_samples: int,
                max_new_tokens: int, *, temperature=1.0, top_p=1.0, top_k=0,
                eos_id: Optional[int] = None, pad_id: int = 0, prompt_len=None,
                prompt_ids=None) -> Samples:
@@ -369,7 +371,7 @@ def _finish_fixed(state, num_prompts, parent, fork_pos):
   return out.replace(fork=jnp.where(out.parent >= 0, jnp.minimum(out.fork, parent_len), 0))
 
 
-def sample_tree_fixed(params, cfg: policy.PolicyConfig, key, prompts,
+def sample_tree_fixed(params, cfg: decoder.PolicyConfig, key, prompts,
                       branching: Sequence[int], segment_len: int, max_new_tokens: int, *,
                       temperature=1.0, top_p=1.0, top_k=0, eos_id: Optional[int] = None,
                       pad_id: int = 0, prompt_len=None, prompt_ids=None) -> Samples:
@@ -499,7 +501,7 @@ def _finish_forks(chains, children, source, position):
   return _concat(chains, to_samples(children, source.shape[0], source, position))
 
 
-def sample_tree_forks(params, cfg: policy.PolicyConfig, key, prompts, num_chains: int,
+def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chains: int,
                       max_new_tokens: int, fork_policy: ForkPolicy, *, temperature=1.0,
                       top_p=1.0, top_k=0, eos_id: Optional[int] = None, pad_id: int = 0,
                       prompt_len=None, prompt_ids=None) -> Samples:
@@ -527,7 +529,7 @@ def sample_tree_forks(params, cfg: policy.PolicyConfig, key, prompts, num_chains
   return _finish_forks(chains, children, source, position)
 
 
-def sample_tree_entropy(params, cfg: policy.PolicyConfig, key, prompts, num_chains: int,
+def sample_tree_entropy(params, cfg: decoder.PolicyConfig, key, prompts, num_chains: int,
                         num_forks: int, num_continuations: int, max_new_tokens: int, *,
                         score: str = 'entropy', **kwargs) -> Samples:
   """Entropy-guided tree (TreeRL/EPTree): `sample_tree_forks` with `EntropyForks`.

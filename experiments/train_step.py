@@ -51,7 +51,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import credit
-from experiments import policy
+from experiments.models import decoder
 
 AGG_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm')
 
@@ -69,6 +69,8 @@ class TrainState:
 class Batch:
   """Rows = responses. prompts [N, P]; the rest [N, L]. ref_logprobs may be None.
 
+  `prompt_len` [N] int32 gives true lengths of right-padded prompts (None = all P).
+
   `mask` marks the tokens in the loss: the sampled tokens, or fewer when the
   credit estimator has a loss mask (`credit.loss_mask`, e.g. SPO-chain's).
   """
@@ -78,6 +80,7 @@ class Batch:
   advantages: jax.Array
   old_logprobs: jax.Array
   ref_logprobs: Optional[jax.Array] = None
+  prompt_len: Optional[jax.Array] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,14 +162,14 @@ def token_weights(mask, agg: str, num_seqs=None, num_tokens=None, max_len=None):
   raise ValueError(f'unknown loss aggregation {agg!r}; valid: {", ".join(AGG_MODES)}')
 
 
-def policy_loss(params, cfg: policy.PolicyConfig, loss_cfg: LossConfig, mb: Batch, weights):
+def policy_loss(params, cfg: decoder.PolicyConfig, loss_cfg: LossConfig, mb: Batch, weights):
   """Weighted-sum surrogate loss of a (micro)batch -> (loss, aux sums weighted by `weights`).
 
   aux holds *weighted sums* (clip fraction, approx KL, entropy, KL to ref) with
   the token-mean weights of the minibatch, so they also add up across micro-batches.
   """
   w, wm = weights  # aggregation weights, token-mean weights (for metrics)
-  logp, ent = policy.token_logprobs(params, cfg, mb.prompts, mb.tokens)
+  logp, ent = decoder.token_logprobs(params, cfg, mb.prompts, mb.tokens, mb.prompt_len)
   mask = mb.mask
   adv = jnp.where(mask, mb.advantages, 0.0)
   log_ratio = jnp.where(mask, logp - mb.old_logprobs, 0.0)
@@ -220,7 +223,7 @@ def _apply(state: TrainState, grads):
   return state.replace(params=params, opt_state=opt_state, step=state.step + 1)
 
 
-def train_step(state: TrainState, batch: Batch, *, cfg: policy.PolicyConfig,
+def train_step(state: TrainState, batch: Batch, *, cfg: decoder.PolicyConfig,
                loss_cfg: LossConfig):
   """num_epochs x num_minibatches clipped-surrogate updates on one rollout batch.
 
@@ -259,13 +262,13 @@ def train_step(state: TrainState, batch: Batch, *, cfg: policy.PolicyConfig,
   return state, jax.tree.map(jnp.mean, metrics)
 
 
-def sft_loss(params, cfg, prompts, responses, mask):
-  logp, _ = policy.token_logprobs(params, cfg, prompts, responses)
+def sft_loss(params, cfg, prompts, responses, mask, prompt_len=None):
+  logp, _ = decoder.token_logprobs(params, cfg, prompts, responses, prompt_len)
   m = mask.astype(jnp.float32)
   return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def sft_step(state: TrainState, prompts, responses, mask, *, cfg: policy.PolicyConfig):
+def sft_step(state: TrainState, prompts, responses, mask, *, cfg: decoder.PolicyConfig):
   """One cross-entropy step on demonstrations (mean NLL over masked response tokens)."""
   loss, grads = jax.value_and_grad(sft_loss)(state.params, cfg, prompts, responses, mask)
   return _apply(state, grads), dict(loss=loss, grad_norm=optax.tree.norm(grads))
@@ -280,13 +283,14 @@ sft_step_jit = jax.jit(sft_step, static_argnames=('cfg',), donate_argnums=0)
 
 
 def batch_from_samples(prompts, samples_tokens, mask, advantages, old_logprobs,
-                       ref_logprobs=None) -> Batch:
-  """[B, P] prompts and [B, G, L] arrays -> a `Batch` of N = B * G rows."""
+                       ref_logprobs=None, prompt_len=None) -> Batch:
+  """[B, P] prompts (+ [B] prompt_len) and [B, G, L] arrays -> a `Batch` of N = B * G rows."""
   b, g, l = samples_tokens.shape
   flat = lambda x: None if x is None else x.reshape(b * g, l)
   return Batch(prompts=jnp.repeat(prompts, g, axis=0), tokens=flat(samples_tokens),
                mask=flat(mask), advantages=flat(advantages).astype(jnp.float32),
-               old_logprobs=flat(old_logprobs), ref_logprobs=flat(ref_logprobs))
+               old_logprobs=flat(old_logprobs), ref_logprobs=flat(ref_logprobs),
+               prompt_len=None if prompt_len is None else jnp.repeat(prompt_len, g, axis=0))
 
 
 # ----------------------------------------------------------------------------
@@ -319,19 +323,30 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(('data', 'fsdp')))
 
 
-def _leaf_sharding(x, mesh: Mesh) -> NamedSharding:
-  """Replicated, or with fsdp > 1 the largest axis divisible by the fsdp size over 'fsdp'.
+def leaf_spec(shape, fsdp: int) -> P:
+  """PartitionSpec of one parameter (or optimizer moment) over the ('data', 'fsdp') mesh.
 
-  A function of the shape only, so Adam moments get their parameter's sharding.
+  Replicated when fsdp == 1; otherwise the largest axis divisible by fsdp is split
+  over 'fsdp' (ties: the later axis), e.g. the vocab axis of an embedding, d_ff of an
+  MLP kernel, the model axis of stacked [layers, d_model, heads, head_dim] kernels.
+  A function of the shape only, so Adam moments get their parameter's spec.
   """
-  size = mesh.shape['fsdp']
-  if size > 1 and getattr(x, 'ndim', 0):
-    for ax in np.argsort(x.shape, kind='stable')[::-1]:
-      if x.shape[ax] % size == 0:
-        parts = [None] * x.ndim
+  if fsdp > 1 and len(shape):
+    for ax in np.argsort(shape, kind='stable')[::-1]:
+      if shape[ax] % fsdp == 0:
+        parts = [None] * len(shape)
         parts[ax] = 'fsdp'
-        return NamedSharding(mesh, P(*parts))
-  return NamedSharding(mesh, P())
+        return P(*parts)
+  return P()
+
+
+def param_specs(params, fsdp: int):
+  """PartitionSpecs for a params pytree (arrays or ShapeDtypeStructs)."""
+  return jax.tree.map(lambda x: leaf_spec(tuple(getattr(x, 'shape', ())), fsdp), params)
+
+
+def _leaf_sharding(x, mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, leaf_spec(tuple(getattr(x, 'shape', ())), mesh.shape['fsdp']))
 
 
 def param_sharding(params, mesh: Mesh):

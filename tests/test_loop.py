@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from configs import tempo as tempo_config
-from experiments import loop, policy
+from experiments import loop
+from experiments.models import decoder
 from experiments import tempo as tempo_script
 
 TIMING = ('wall_s', 'sample_s', 'logprob_s', 'credit_s', 'update_s', 'step_s',
@@ -30,7 +31,7 @@ def init_params(cfg):
   task = loop.build_task(cfg)
   pcfg = loop.policy_config(cfg, task)
   if pcfg not in _INIT:
-    _INIT[pcfg] = policy.init_params(jax.random.PRNGKey(0), pcfg)
+    _INIT[pcfg] = decoder.init_params(jax.random.PRNGKey(0), pcfg)
   return _INIT[pcfg]
 
 

