@@ -30,6 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
       remat=True,           # recompute blocks in the backward pass
       max_prompt_len=96,    # static prompt length P (chat template included)
       max_new_tokens=96,    # static response cap L
+      lora_rank=0,          # 0: full fine-tuning; > 0: qwix LoRA adapters of this rank
+      lora_alpha=16.0,
       truncation='score',   # responses without a stop token: 'score' as is, or 'zero'
       train_size=2048,      # training examples drawn from the task generator
       data_seed=0))

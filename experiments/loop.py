@@ -463,7 +463,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
 
   mesh = ts.make_mesh(cfg.mesh.fsdp)
   o = cfg.optimizer
-  tx = ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.grad_clip, o.b1, o.b2)
+  tx = ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.grad_clip, o.b1, o.b2,
+                         lora_only=pcfg.lora_rank > 0)
   state = ts.init_state(jax.tree.map(jnp.copy, init_params), tx, seed=run_seed)
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   restored, meta = restore_checkpoint(mngr, state, fp, flat)

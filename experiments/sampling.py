@@ -123,7 +123,12 @@ def select_tokens(u, logits, temperature=1.0, top_k=0, top_p=1.0):
   """
   temperature = jnp.asarray(temperature, jnp.float32)
   greedy = jnp.argmax(logits, axis=-1)
-  filtered = filter_logits(logits, jnp.where(temperature > 0, temperature, 1.0), top_k, top_p)
+  temp = jnp.where(temperature > 0, temperature, 1.0)
+  vocab = logits.shape[-1]
+  # The sort over V in filter_logits only runs when top-k or top-p is active.
+  active = ((top_k > 0) & (top_k < vocab)) | (top_p < 1.0)
+  filtered = jax.lax.cond(active, lambda x: filter_logits(x, temp, top_k, top_p),
+                          lambda x: x.astype(jnp.float32) / temp, logits)
   weights = jnp.exp(filtered - jnp.max(filtered, axis=-1, keepdims=True))
   cdf = jnp.cumsum(weights, axis=-1)
   sampled = jnp.argmax(cdf > u[:, None] * cdf[:, -1:], axis=-1)

@@ -25,7 +25,7 @@ import numpy as np
 from envs import text as text_lib
 from envs import text_tasks
 from experiments import sampling
-from experiments.models import pretrained
+from experiments.models import decoder, pretrained
 
 
 @dataclasses.dataclass
@@ -47,6 +47,11 @@ class TextProblem:
     self.model = pretrained.load(lm.source, max_len=lm.max_prompt_len + lm.max_new_tokens,
                                  dtype=lm.dtype, remat=lm.remat)
     self.pcfg, self.tokenizer = self.model.cfg, self.model.tokenizer
+    self.init_params = self.model.params
+    if lm.lora_rank:  # frozen pretrained weights + fresh (neutral) qwix LoRA adapters
+      self.pcfg = dataclasses.replace(self.pcfg, lora_rank=lm.lora_rank, lora_alpha=lm.lora_alpha)
+      self.init_params = decoder.add_lora(jax.random.PRNGKey(lm.data_seed), self.init_params,
+                                          self.pcfg)
     self.eos_id = tuple(self.tokenizer.stop_ids)  # every stop id ends a response
     self.pad_id = self.tokenizer.pad_id
     if lm.truncation not in ('score', 'zero'):
@@ -55,10 +60,6 @@ class TextProblem:
     self.seed = lm.data_seed
     self.train_pool = self.task.examples('train', lm.train_size, seed=self.seed)
     self.eval_set = self.task.examples('eval', cfg.eval.num_prompts, seed=self.seed)
-
-  @property
-  def init_params(self):
-    return self.model.params
 
   def encode(self, examples) -> Draw:
     """Chat-template token ids of `examples`, right-padded to max_prompt_len."""

@@ -121,15 +121,24 @@ class LossConfig:
 @functools.lru_cache(maxsize=None)
 def make_optimizer(lr: float, warmup_steps: int = 0, weight_decay: float = 0.0,
                    grad_clip: float = 1.0, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
-  """AdamW after global-norm clipping, lr linearly warmed up from 0 over `warmup_steps`, then constant."""
+                   eps: float = 1e-8, lora_only: bool = False) -> optax.GradientTransformation:
+  """AdamW after global-norm clipping, lr linearly warmed up from 0 over `warmup_steps`, then constant.
+
+  lora_only: update only LoRA adapter leaves (`decoder.is_lora`); the others stay
+  frozen and carry no optimizer state.
+  """
   if warmup_steps > 0:
     schedule = optax.linear_schedule(0.0, lr, warmup_steps)
   else:
     schedule = lr
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  if lora_only:
+    labels = lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: 'train' if decoder.is_lora(path) else 'freeze', params)
+    tx = optax.multi_transform({'train': tx, 'freeze': optax.set_to_zero()}, labels)
+  return tx
 
 
 def init_state(params, tx: optax.GradientTransformation, seed: int = 0) -> TrainState:

@@ -182,3 +182,30 @@ def test_param_specs_shard_a_pretrained_sized_model():
       assert part is None or x.shape[ax] % 8 == 0
   assert all(s == jax.sharding.PartitionSpec() for s in jax.tree.leaves(
       ts.param_specs(shapes, fsdp=1), is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)))
+
+
+def test_lora_adapters_start_neutral_and_train_alone():
+  base_cfg = dataclasses.replace(QWEN, attn_bias=False)
+  cfg = dataclasses.replace(base_cfg, lora_rank=4, lora_alpha=8.0)
+  base = _random_params(base_cfg, seed=6)
+  params = decoder.add_lora(jax.random.PRNGKey(1), base, cfg)
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  lora = [p for p, _ in leaves if decoder.is_lora(p)]
+  assert len(lora) == 14  # A and B for q, k, v, o, gate, up, down (stacked over layers)
+  tokens = _tokens(7, (2, 6), cfg.vocab_size)
+  np.testing.assert_allclose(decoder.forward(params, cfg, tokens),
+                             decoder.forward(base, base_cfg, tokens), atol=1e-6)
+  rows = 4
+  batch = ts.Batch(prompts=tokens[:1].repeat(rows, 0)[:, :3], tokens=_tokens(8, (rows, 5), 40),
+                   mask=jnp.ones((rows, 5), bool),
+                   advantages=jnp.asarray([[1.0], [-1.0], [0.5], [-0.5]]) * jnp.ones((1, 5)),
+                   old_logprobs=jnp.zeros((rows, 5)))
+  state = ts.init_state(params, ts.make_optimizer(1e-2, lora_only=True))
+  batch = batch.replace(old_logprobs=decoder.token_logprobs(params, cfg, batch.prompts,
+                                                            batch.tokens)[0])
+  before = jax.tree.map(np.asarray, params)  # the step donates its state
+  new, _ = ts.train_step_jit(state, batch, cfg=cfg, loss_cfg=ts.LossConfig())
+  moved = {jax.tree_util.keystr(p): float(np.abs(np.asarray(a) - b).max()) for (p, a), b in
+           zip(jax.tree_util.tree_leaves_with_path(new.params), jax.tree.leaves(before))}
+  assert all(v == 0 for k, v in moved.items() if 'lora' not in k), moved  # base frozen
+  assert all(v > 0 for k, v in moved.items() if 'lora_b' in k), moved  # adapters train

