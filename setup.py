@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description=__doc__,
     python_requires=">=3.11",
-    packages=["trees", "credit", "envs", "experiments", "configs"],
+    packages=["trees", "credit", "envs", "experiments", "experiments.models", "configs"],
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",
@@ -18,6 +18,13 @@ setup(
         "numpy>=2.0",
         "matplotlib>=3.8",
         "tqdm>=4.60",
+        # Pretrained models, tokenizers and text tasks (the lowest versions tested).
+        "gguf>=0.19.0",
+        "tokenizers>=0.23.3",
+        "safetensors>=0.8.0",
+        "jinja2>=3.1.6",
+        "reasoning-gym>=0.1.25",
+        "qwix>=0.1.8",
     ],
     extras_require={"test": ["pytest>=8.0", "hypothesis>=6.100"]},
 )
