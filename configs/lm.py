@@ -10,7 +10,8 @@ Default budget (meant for an accelerator): chain_sum (2-3 terms of 1-2 digits,
 reasoning-gym's own scorer), 50 RL steps x 16 prompts x G=8, responses of up to
 96 tokens, 2 seeds, full fine-tuning at lr 1e-6 with a KL-free clipped surrogate.
 `--config.quick=True` (`shrink`) is a smoke run on 2 CPU cores: 2 steps x 2 prompts
-x G=4, 24-token responses, one seed, GRPO:iid and TEMPO:tree_entropy.
+x G=4 on one-digit a + b (chain_sum), 24-token responses, one seed, GRPO:iid and
+TEMPO:tree_entropy.
 No SFT: the instruct model is the starting point (and the frozen reference).
 """
 
@@ -47,6 +48,10 @@ def get_config() -> ml_collections.ConfigDict:
 def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The --config.quick=True smoke run (a few minutes on 2 CPU cores)."""
   c.lm.update(max_prompt_len=80, max_new_tokens=24, train_size=64)
+  if c.task.name == 'chain_sum' and not c.task.kwargs:  # a + b with one digit each:
+    # SmolLM2-135M-Instruct answers about half right, so groups carry signal.
+    c.task.kwargs = {'options': {'min_terms': 2, 'max_terms': 2, 'min_digits': 1,
+                                 'max_digits': 1}, 'eval_guard': 32}
   c.sampler.update(group_size=4, num_chains=2, num_forks=1, num_continuations=1)
   c.loss.update(num_minibatches=1, num_microbatches=2)
   c.rl.update(steps=2, prompts_per_step=2, ckpt_every=2)

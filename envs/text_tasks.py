@@ -98,14 +98,15 @@ class ReasoningGymTask(TextTask):
       ds = self._dataset(_EVAL_OFFSET + seed * _STRIDE, n)
       return [TextExample(i, ds[i]['question'], str(ds[i]['answer']), ds[i]) for i in range(n)]
     held_out = self._eval_questions(seed)
-    ds = self._dataset(seed * _STRIDE, 2 * n + 64)
+    ds = self._dataset(seed * _STRIDE, 4 * n + 256)
     out = []
     for i in range(len(ds)):
       if ds[i]['question'] not in held_out:
         out.append(TextExample(len(out), ds[i]['question'], str(ds[i]['answer']), ds[i]))
         if len(out) == n:
           return out
-    raise ValueError(f'{self.dataset}: could not draw {n} training examples disjoint from eval')
+    raise ValueError(f'{self.dataset}: could not draw {n} training examples disjoint from the first '
+                     f'{self.eval_guard} eval questions (a small question space? lower eval_guard)')
 
   @functools.lru_cache(maxsize=8)
   def _eval_questions(self, seed: int) -> frozenset:
@@ -204,11 +205,11 @@ def make_text_task(name: str, **overrides) -> TextTask:
   """A text task by name; overrides are the task's dataclass fields
   (`options` / `task_kwargs` may be dicts)."""
   if name in ('chain_sum', 'basic_arithmetic', 'countdown'):
-    if isinstance(overrides.get('options'), dict):
+    if hasattr(overrides.get('options'), 'items'):  # a dict or ConfigDict
       overrides['options'] = tuple(sorted(overrides['options'].items()))
     return ReasoningGymTask(dataset=name, **overrides)
   if name in ('jax_addition', 'jax_countdown'):
-    if isinstance(overrides.get('task_kwargs'), dict):
+    if hasattr(overrides.get('task_kwargs'), 'items'):
       overrides['task_kwargs'] = tuple(sorted(overrides['task_kwargs'].items()))
     return JaxTaskAsText(task_name=name[len('jax_'):], **overrides)
   raise ValueError(f'unknown text task {name!r}; valid: {", ".join(TEXT_TASKS)}')

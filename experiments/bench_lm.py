@@ -39,7 +39,13 @@ flags.DEFINE_string('part', 'all', "'all', or 'hf' (internal: the transformers s
 
 
 def peak_rss_gb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+  """This process's peak resident memory (VmHWM; ru_maxrss would carry over across exec)."""
+  try:
+    with open('/proc/self/status') as f:
+      kb = next(int(l.split()[1]) for l in f if l.startswith('VmHWM:'))
+  except (OSError, StopIteration):
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return kb / 2**20
 
 
 def best_time(fn, repeats):

@@ -99,7 +99,7 @@ def format_table(summary, pass_k) -> str:
         f'{100 * np.mean(get("credit_frac")):>8.2f}')
   sft = summary['sft']
   lines.append(f'(mean±std over {len(next(iter(summary["methods"].values())))} seeds; '
-               f'SFT start: acc {sft["greedy_acc"]:.3f}; total {summary["total_wall_s"]:.0f} s)')
+               f'{"start" if "source" in sft else "SFT start"}: acc {sft["greedy_acc"]:.3f}; total {summary["total_wall_s"]:.0f} s)')
   return '\n'.join(lines)
 
 

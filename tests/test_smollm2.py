@@ -58,9 +58,9 @@ def test_logits_match_transformers(lm, forward):
     ours = logits[:, vocab_ids]
     worst = max(worst, float(np.abs(ours - ref['logits'][i, :n]).max()))
     lse = jax.nn.logsumexp(logits, axis=-1)
-    np.testing.assert_allclose(lse, ref['lse'][i, :n], atol=2e-3)
-    assert (logits.argmax(-1) == ref['argmax'][i, :n]).mean() >= 0.95
-  assert worst < 2e-3, worst  # f32 vs f32 on dequantised Q4_1 weights
+    np.testing.assert_allclose(lse, ref['lse'][i, :n], atol=5e-4)
+    np.testing.assert_array_equal(logits.argmax(-1), ref['argmax'][i, :n])
+  assert worst < 1e-3, worst  # measured 1.4e-4 (logits up to 38), f32 vs f32
 
 
 def test_gguf_to_hf_dir_round_trip(lm, forward, tmp_path):
