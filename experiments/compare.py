@@ -105,6 +105,7 @@ def format_table(summary, pass_k) -> str:
 
 def main(name: str):
   """Entry point of `experiments/<name>.py`: --config defaults to configs/<name>.py."""
+  reference = lambda: (lm_config if name == 'lm' else tempo_config).get_config()
   try:  # ml_collections applies --config.* overrides here, with a terse KeyError on a typo.
     config = config_flags.DEFINE_config_file(
         'config', os.path.join(CONFIG_DIR, f'{name}.py'), 'Experiment config (ml_collections).')
@@ -113,7 +114,6 @@ def main(name: str):
     if message is None:
       raise
     raise SystemExit(message) from e
-  reference = lambda: (lm_config if name == 'lm' else tempo_config).get_config()
   workdir = flags.DEFINE_string('workdir', f'/tmp/treecredit/{name}', 'Output directory.')
 
   def run(argv):

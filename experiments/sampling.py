@@ -77,7 +77,7 @@ class Rollout:
   Row r feeds `token` at position `prompt_len + index - 1` and samples response
   token `index` next, using `uniforms[r, index]`.
   """
-  cache: decoder.KVCache   # [num_layers, R, S, H, Dh]
+  cache: decoder.KVCache   # [num_layers, R, S, K, Dh]
   uniforms: jax.Array     # [R, L] f32, the row's response's uniform stream
   prompt_len: jax.Array   # [R] int32
   prompt_last: jax.Array  # [R] int32, last prompt token
