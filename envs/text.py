@@ -5,7 +5,8 @@ Python verifier run on the host after decoding, outside jit, as in every RL
 framework for LLMs (`experiments/text_rollouts.py` wires this into the loop).
 
     task.examples(split, n, seed) -> [TextExample]   deterministic; train/eval disjoint
-    task.messages(example)        -> chat messages [{'role', 'content'}]
+    task.messages(example)        -> chat messages [{'role', 'content'}] (subclasses
+                                     word the user turn in `user_content`)
     task.score(example, response) -> float in [0, 1]
     task.demonstration(example)   -> a response that scores 1
 """
@@ -37,8 +38,12 @@ class TextTask:
     raise NotImplementedError
 
   def messages(self, example: TextExample) -> list[dict]:
+    """The optional system prompt, then the user turn `user_content(example)`."""
     msgs = [] if self.system_prompt is None else [{'role': 'system', 'content': self.system_prompt}]
-    return msgs + [{'role': 'user', 'content': example.question}]
+    return msgs + [{'role': 'user', 'content': self.user_content(example)}]
+
+  def user_content(self, example: TextExample) -> str:
+    return example.question
 
   def score(self, example: TextExample, response: str) -> float:
     raise NotImplementedError

@@ -113,11 +113,10 @@ class ReasoningGymTask(TextTask):
     guard = self._dataset(_EVAL_OFFSET + seed * _STRIDE, self.eval_guard)
     return frozenset(guard[i]['question'] for i in range(self.eval_guard))
 
-  def messages(self, example):
+  def user_content(self, example):
     hint = ('Put only the final answer inside <answer></answer>.' if self.answer_format == 'tags'
             else 'Reply with only the final answer.')
-    msgs = [] if self.system_prompt is None else [{'role': 'system', 'content': self.system_prompt}]
-    return msgs + [{'role': 'user', 'content': f'{example.question}\n{hint}'}]
+    return f'{example.question}\n{hint}'
 
   def score(self, example, response):
     import reasoning_gym
@@ -159,18 +158,13 @@ class JaxTaskAsText(TextTask):
       out.append(TextExample(i, t.detokenize(prompts[i]), answer, entry))
     return out
 
-  def messages(self, example):
-    q = (f'Continue this {self.task_name} problem with its answer, in the same notation, '
-         f'and nothing else:\n{example.question}')
-    msgs = [] if self.system_prompt is None else [{'role': 'system', 'content': self.system_prompt}]
-    return msgs + [{'role': 'user', 'content': q}]
+  def user_content(self, example):
+    return (f'Continue this {self.task_name} problem with its answer, in the same notation, '
+            f'and nothing else:\n{example.question}')
 
   def to_tokens(self, response: str) -> Optional[list[int]]:
     """Greedy longest match of the response onto the task vocabulary (spaces skipped)."""
-    t = self.jax_task
-    symbols = sorted((s for s in t.vocab if s and s not in ('<eos>', '<pad>')), key=len,
-                     reverse=True)
-    symbols = [s for s in symbols if t.token_id(s) not in (t.eos_id, t.pad_id)]
+    t, symbols = self.jax_task, _symbols(self.jax_task)
     text, ids, i = response.strip(), [], 0
     while i < len(text):
       if text[i].isspace():
@@ -195,10 +189,23 @@ class JaxTaskAsText(TextTask):
     mask = np.arange(r)[None] < len(ids)
     prompts, info = example.entry
     info = jax.tree.map(lambda x: x[None], info)
-    return float(t.reward(prompts[None], tokens, mask, info)[0])
+    return float(_jit_reward(t)(prompts[None], tokens, mask, info)[0])
 
   def demonstration(self, example):
     return example.answer
+
+
+@functools.lru_cache(maxsize=None)
+def _symbols(task) -> tuple[str, ...]:
+  """The task's answer symbols (all but EOS / PAD), longest first."""
+  keep = [s for s in task.vocab if task.token_id(s) not in (task.eos_id, task.pad_id)]
+  return tuple(sorted(keep, key=len, reverse=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_reward(task):
+  """The JAX task's reward, compiled once per task (scoring runs once per response)."""
+  return jax.jit(task.reward)
 
 
 def make_text_task(name: str, **overrides) -> TextTask:

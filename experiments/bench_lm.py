@@ -71,7 +71,8 @@ def ours(batch, prompt_len, new_tokens, train_rows, repeats) -> dict:
                     advantages=jnp.asarray(rng.standard_normal((train_rows, 1)) *
                                            np.ones((1, new_tokens)), jnp.float32),
                     old_logprobs=s.logprobs[:, 0])
-  state = ts.init_state(lm.params, ts.make_optimizer(1e-6))
+  # A copy: the update step donates its state, and lm.params is shared (pretrained.load cache).
+  state = ts.init_state(jax.tree.map(jnp.copy, lm.params), ts.make_optimizer(1e-6))
   loss_cfg = ts.LossConfig(num_minibatches=1, num_microbatches=2)
   holder = {'state': state}
 

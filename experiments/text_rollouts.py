@@ -16,6 +16,7 @@ lm.truncation = 'score' scores it as it is, 'zero' gives it reward 0.
 """
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import jax
@@ -26,6 +27,12 @@ from envs import text as text_lib
 from envs import text_tasks
 from experiments import sampling
 from experiments.models import decoder, pretrained
+
+
+@functools.lru_cache(maxsize=16)
+def _examples(task, split: str, n: int, seed: int) -> tuple:
+  """task.examples, once per process (every run of a comparison reuses them)."""
+  return tuple(task.examples(split, n, seed=seed))
 
 
 @dataclasses.dataclass
@@ -47,19 +54,24 @@ class TextProblem:
     self.model = pretrained.load(lm.source, max_len=lm.max_prompt_len + lm.max_new_tokens,
                                  dtype=lm.dtype, remat=lm.remat)
     self.pcfg, self.tokenizer = self.model.cfg, self.model.tokenizer
-    self.init_params = self.model.params
     if lm.lora_rank:  # frozen pretrained weights + fresh (neutral) qwix LoRA adapters
       self.pcfg = dataclasses.replace(self.pcfg, lora_rank=lm.lora_rank, lora_alpha=lm.lora_alpha)
-      self.init_params = decoder.add_lora(jax.random.PRNGKey(lm.data_seed), self.init_params,
-                                          self.pcfg)
     self.eos_id = tuple(self.tokenizer.stop_ids)  # every stop id ends a response
     self.pad_id = self.tokenizer.pad_id
-    if lm.truncation not in ('score', 'zero'):
-      raise ValueError(f"lm.truncation must be 'score' or 'zero', got {lm.truncation!r}")
+    if lm.truncation not in text_lib.TRUNCATION_MODES:
+      raise ValueError(f'lm.truncation must be one of {text_lib.TRUNCATION_MODES}, '
+                       f'got {lm.truncation!r}')
     self.truncation = lm.truncation
     self.seed = lm.data_seed
-    self.train_pool = self.task.examples('train', lm.train_size, seed=self.seed)
-    self.eval_set = self.task.examples('eval', cfg.eval.num_prompts, seed=self.seed)
+    self.train_pool = _examples(self.task, 'train', lm.train_size, self.seed)
+    self.eval_set = _examples(self.task, 'eval', cfg.eval.num_prompts, self.seed)
+
+  @functools.cached_property
+  def init_params(self):
+    """The pretrained params, plus fresh LoRA adapters when lm.lora_rank > 0."""
+    if not self.pcfg.lora_rank:
+      return self.model.params
+    return decoder.add_lora(jax.random.PRNGKey(self.seed), self.model.params, self.pcfg)
 
   def encode(self, examples) -> Draw:
     """Chat-template token ids of `examples`, right-padded to max_prompt_len."""

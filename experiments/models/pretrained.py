@@ -46,16 +46,22 @@ def load(source: str = 'smollm2', *, max_len: int, dtype: str = 'float32',
   """Loads params (as device arrays), config and tokenizer. `max_len` = KV cache slots."""
   if dtype not in DTYPES:
     raise ValueError(f'dtype must be one of {", ".join(DTYPES)}, got {dtype!r}')
-  params, cfg, tok = _load_host(str(resolve(source)))
+  params, cfg, tok = _load(str(resolve(source)))
   cfg = dataclasses.replace(cfg, max_len=max_len, dtype=DTYPES[dtype], remat=remat)
-  return Pretrained(jax.tree.map(jnp.asarray, params), cfg, tok, source)
+  return Pretrained(params, cfg, tok, source)
 
 
 @functools.lru_cache(maxsize=2)
-def _load_host(path: str):
-  """(float32 numpy params, cfg, tokenizer), cached per process (loading dequantises)."""
+def _load(path: str):
+  """(float32 device params, cfg, tokenizer), cached per process (loading dequantises).
+
+  Sharing the arrays between callers is safe: JAX arrays are immutable, and the
+  update step copies its initial params before donating them.
+  """
   if path.endswith('.gguf'):
     params, cfg, _ = gguf_loader.load_gguf(path, max_len=1)
-    return params, cfg, Tokenizer.from_gguf(path)
-  params, cfg, _ = hf_loader.load_hf_dir(path, max_len=1)
-  return params, cfg, Tokenizer.from_hf_dir(path)
+    tok = Tokenizer.from_gguf(path)
+  else:
+    params, cfg, _ = hf_loader.load_hf_dir(path, max_len=1)
+    tok = Tokenizer.from_hf_dir(path)
+  return jax.tree.map(jnp.asarray, params), cfg, tok
