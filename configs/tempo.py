@@ -56,6 +56,11 @@ def get_config() -> ml_collections.ConfigDict:
       # False: old log-probs = the sampler's (saves a forward pass, ~20% of a step).
       recompute_logprobs=False))
 
+  # Update-step layout: 'tree' packs each group's prefix tree (shared tokens computed
+  # once, exact), 'prompt' shares only the prompt, 'none' runs flat rows.
+  # pack_len 0 = automatic buckets; pack_attention 'paths' or 'mask' (dense [T, T]).
+  c.train = ml_collections.ConfigDict(dict(packing='tree', pack_len=0, pack_attention='paths'))
+
   c.eval = ml_collections.ConfigDict(dict(every=10, num_prompts=512, pass_k=8,
                                          pass_prompts=128, seed=12345))
   c.mesh = ml_collections.ConfigDict(dict(fsdp=1))

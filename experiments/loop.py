@@ -43,6 +43,7 @@ from envs import text_tasks
 from experiments import sampling, text_rollouts
 from experiments.models import decoder
 from experiments import train_step as ts
+from trees import packing as packing_lib
 
 SAMPLERS = default_config.SAMPLERS
 FREE_DICTS = ('credit.hparams', 'task.kwargs')  # validated by credit / envs themselves
@@ -57,6 +58,7 @@ SAMPLER_FIELDS = {
     'tree_cutpoints': ('num_chains', 'num_forks', 'num_continuations', 'cut_threshold',
                        'cut_every'),
 }
+PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
 
 
@@ -88,6 +90,11 @@ def check_config(cfg, reference=None, prefix=''):
   if cfg.sampler.name not in SAMPLERS:
     raise ValueError(f'unknown sampler {cfg.sampler.name!r}; valid: {", ".join(SAMPLERS)}')
   loss_config(cfg)
+  if cfg.train.packing not in PACKING:
+    raise ValueError(f'unknown train.packing {cfg.train.packing!r}; valid: {", ".join(PACKING)}')
+  if cfg.train.pack_attention not in packing_lib.ATTENTION:
+    raise ValueError(f'unknown train.pack_attention {cfg.train.pack_attention!r}; valid: '
+                     f'{", ".join(packing_lib.ATTENTION)}')
   for m in parse_methods(cfg.methods):
     credit.get(m[0])
 
@@ -210,13 +217,49 @@ def group_rewards(prompts, tokens, mask, info, *, task):
 
 
 @functools.partial(jax.jit, static_argnames=('cfg',))
-def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, *, cfg):
-  """Teacher-forced log-probs of [B, G, L] responses, 0 where masked."""
+def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, packed=None, *, cfg):
+  """Teacher-forced log-probs of [B, G, L] responses, 0 where masked.
+
+  `packed`: the groups' `trees.packing.Packing` (one forward per tree) or None (rows).
+  """
   b, g, l = tokens.shape
+  if packed is not None:
+    return jnp.where(mask, decoder.packed_token_logprobs(params, cfg, packed, tokens)[0], 0.0)
   plen = None if prompt_len is None else jnp.repeat(prompt_len, g, axis=0)
   lp, _ = decoder.token_logprobs(params, cfg, jnp.repeat(prompts, g, axis=0),
                                 tokens.reshape(b * g, l), plen)
   return jnp.where(mask, lp.reshape(b, g, l), 0.0)
+
+
+def packing_applies(cfg, num_groups: int) -> bool:
+  """Whether the update step packs each group's tree (`cfg.train.packing` != 'none').
+
+  Packed minibatches and micro-batches take whole groups, so the groups must divide
+  into num_minibatches * num_microbatches; otherwise the step runs flat rows (same loss).
+  """
+  split = cfg.loss.num_minibatches * cfg.loss.num_microbatches
+  return cfg.train.packing != 'none' and num_groups % split == 0
+
+
+def pack_groups(tcfg, prompts, samples, prompt_len=None, min_len: int = 0):
+  """The packed trees (`trees.packing.Packing`) of a batch's groups (prompts [B, P],
+  samples [B, G, L]).
+
+  pack_len: `tcfg.pack_len`, or for 0 the smallest of 8 evenly spaced buckets in
+  (P, P + G * L] that holds the largest group and is >= `min_len` (the loop passes
+  the last length, so a run compiles a new shape only when its trees grow).
+  """
+  tokens, mask = samples.tokens, samples.mask
+  node = _node_ids(tokens, mask, mode=tcfg.packing)
+  need = prompts.shape[1] + int(ts.host_value(_num_unique(node)).max())
+  g, l = tokens.shape[1:]
+  pack_len = tcfg.pack_len or max(min_len, packing_lib.bucket_len(need, prompts.shape[1], g, l))
+  return packing_lib.pack(prompts, tokens, mask, prompt_len, pack_len=pack_len,
+                          mode=tcfg.packing, node=node, attention=tcfg.pack_attention)
+
+
+_node_ids = jax.jit(packing_lib.node_ids, static_argnames=('mode',))
+_num_unique = jax.jit(lambda node: packing_lib.num_unique(node, 1 + node.shape[1] * node.shape[2]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -328,7 +371,8 @@ def _state_tree(state: ts.TrainState):
 
 
 def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict):
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_state_tree(state)),
+  tree = ts.to_global(_state_tree(state))  # a multi-process job saves global arrays only
+  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                           meta=ocp.args.JsonSave(meta)), force=True)
   mngr.wait_until_finished()
 
@@ -347,7 +391,8 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
         f'incompatible checkpoint in {mngr.directory}: it was written with a different config '
         f'(fingerprint {meta.get("fingerprint")} != {fp}; differences: {details}). '
         'Use another --workdir or delete the checkpoints to start over.')
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(template))
+  # Restored with the template's shardings (whatever mesh or process count wrote it).
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, ts.to_global(_state_tree(template)))
   tree = mngr.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract)))['state']
   state = template.replace(params=tree['params'], opt_state=tree['opt_state'],
@@ -465,7 +510,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   o = cfg.optimizer
   tx = ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.grad_clip, o.b1, o.b2,
                          lora_only=pcfg.lora_rank > 0)
-  state = ts.init_state(jax.tree.map(jnp.copy, init_params), tx, seed=run_seed)
+  state = ts.shard_state(ts.init_state(jax.tree.map(jnp.copy, init_params), tx, seed=run_seed),
+                         mesh)  # so a checkpoint restores straight onto the mesh
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   restored, meta = restore_checkpoint(mngr, state, fp, flat)
   start, wall0 = 0, 0.0
@@ -480,8 +526,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                               else dict(cfg.credit.hparams), sort_keys=True),
                   scfg.name != 'iid')
   need_ref = loss_cfg.kl_coef > 0 or 'ref_logprobs' in credit.needs(cfg.credit.name)
+  use_packing, pack_len = packing_applies(cfg, b), 0
   key = jax.random.PRNGKey(run_seed)
-  row_sharding = ts.batch_sharding(mesh)
   n_dev = mesh.size
   t_start = time.time() - wall0
   step = start
@@ -504,19 +550,24 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       draw = problem.draw(jax.random.fold_in(k, 0), i, b)
       prompts, plen = draw.prompts, draw.prompt_len
       if b % n_dev == 0:
-        prompts = jax.device_put(prompts, row_sharding)
+        # Every process drew the whole batch (same key); each feeds its devices' rows.
+        prompts, plen = ts.host_batch_to_global((prompts, plen), mesh)
       samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1), prompts,
                        prompt_ids=draw.prompt_ids, prompt_len=plen)
       rewards, reward_metrics = problem.rewards(draw, samples)
       rewards.block_until_ready()
       t1 = time.perf_counter()
+      packed = None
+      if use_packing:
+        packed = pack_groups(cfg.train, prompts, samples, plen, pack_len)
+        pack_len = packed.pack_len
       if cfg.rl.recompute_logprobs:  # teacher-forced: ratio exactly 1 at the first update
         old_lp = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen,
-                               cfg=pcfg)
+                               packed, cfg=pcfg)
       else:  # the sampler's untempered log-probs (same params; equal up to float rounding)
         old_lp = samples.logprobs
-      ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, plen, cfg=pcfg)
-                if need_ref else None)
+      ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, plen, packed,
+                              cfg=pcfg) if need_ref else None)
       train_rewards = rewards
       if need_ref and loss_cfg.kl_in_reward:
         train_rewards = rewards - loss_cfg.kl_coef * jnp.sum(
@@ -528,8 +579,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       adv.block_until_ready()
       t3 = time.perf_counter()
       batch = ts.batch_from_samples(prompts, samples.tokens, loss_mask, adv, old_lp, ref_lp,
-                                    plen)
-      if batch.tokens.shape[0] % n_dev == 0:
+                                    plen, packed)
+      if (b if packed is not None else batch.tokens.shape[0]) % n_dev == 0:
         batch = ts.shard_batch(batch, mesh)
       state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
       step = i + 1  # `state` is now the state after this step (the old one was donated)
@@ -538,7 +589,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       m = {k_: float(v) for k_, v in m.items()}
       t4 = time.perf_counter()
       ntok = float(jnp.sum(samples.mask))
-      r = np.asarray(rewards)
+      r = ts.host_value(rewards)  # all rows, on every process
       row = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                  reward=float(r.mean()), frac_groups_with_signal=float(np.mean(r.max(-1) > r.min(-1))),
                  response_len=ntok / r.size, **m,

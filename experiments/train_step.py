@@ -52,6 +52,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import credit
 from experiments.models import decoder
+from trees import packing as packing_lib
 
 AGG_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm')
 
@@ -73,6 +74,11 @@ class Batch:
 
   `mask` marks the tokens in the loss: the sampled tokens, or fewer when the
   credit estimator has a loss mask (`credit.loss_mask`, e.g. SPO-chain's).
+
+  `packing` (a `trees.packing.Packing` of the B = N / G groups, rows group-major):
+  log-probs come from one forward over each group's packed tree instead of one
+  per row; the loss is still defined on the N rows, so it is the flat batch's.
+  Minibatches and micro-batches then take whole groups.
   """
   prompts: jax.Array
   tokens: jax.Array
@@ -81,6 +87,7 @@ class Batch:
   old_logprobs: jax.Array
   ref_logprobs: Optional[jax.Array] = None
   prompt_len: Optional[jax.Array] = None
+  packing: Optional[packing_lib.Packing] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +178,17 @@ def token_weights(mask, agg: str, num_seqs=None, num_tokens=None, max_len=None):
   raise ValueError(f'unknown loss aggregation {agg!r}; valid: {", ".join(AGG_MODES)}')
 
 
+def batch_logprobs(params, cfg: decoder.PolicyConfig, mb: Batch):
+  """Per-token log-probs and entropies [N, L] of the batch's rows (packed or flat)."""
+  if mb.packing is None:
+    return decoder.token_logprobs(params, cfg, mb.prompts, mb.tokens, mb.prompt_len)
+  n, l = mb.tokens.shape
+  b = mb.packing.tokens.shape[0]
+  lp, ent = decoder.packed_token_logprobs(params, cfg, mb.packing,
+                                          mb.tokens.reshape(b, n // b, l))
+  return lp.reshape(n, l), ent.reshape(n, l)
+
+
 def policy_loss(params, cfg: decoder.PolicyConfig, loss_cfg: LossConfig, mb: Batch, weights):
   """Weighted-sum surrogate loss of a (micro)batch -> (loss, aux sums weighted by `weights`).
 
@@ -178,7 +196,7 @@ def policy_loss(params, cfg: decoder.PolicyConfig, loss_cfg: LossConfig, mb: Bat
   the token-mean weights of the minibatch, so they also add up across micro-batches.
   """
   w, wm = weights  # aggregation weights, token-mean weights (for metrics)
-  logp, ent = decoder.token_logprobs(params, cfg, mb.prompts, mb.tokens, mb.prompt_len)
+  logp, ent = batch_logprobs(params, cfg, mb)
   mask = mb.mask
   adv = jnp.where(mask, mb.advantages, 0.0)
   log_ratio = jnp.where(mask, logp - mb.old_logprobs, 0.0)
@@ -239,22 +257,29 @@ def train_step(state: TrainState, batch: Batch, *, cfg: decoder.PolicyConfig,
   Each epoch shuffles the N rows with a key split from `state.rng`, cuts them
   into num_minibatches equal minibatches (N must divide), and takes one
   optimizer step per minibatch (its gradient accumulated over
-  num_microbatches). Returns (new state, metrics averaged over the updates):
+  num_microbatches). With `batch.packing` the units shuffled and split are the
+  B groups (B must divide). Returns (new state, metrics averaged over the updates):
   loss, pg_loss, clip_frac, approx_kl, entropy, kl_ref, grad_norm (before clipping).
   """
   n = batch.tokens.shape[0]
   nmb, nmicro = loss_cfg.num_minibatches, loss_cfg.num_microbatches
-  if n % (nmb * nmicro):
-    raise ValueError(f'{n} rows not divisible by num_minibatches * num_microbatches = '
-                     f'{nmb * nmicro}')
+  packed = batch.packing is not None
+  units = batch.packing.tokens.shape[0] if packed else n  # groups or rows
+  rows_per_unit = n // units
+  if units % (nmb * nmicro):
+    raise ValueError(f'{units} {"groups" if packed else "rows"} not divisible by '
+                     f'num_minibatches * num_microbatches = {nmb * nmicro}')
   rng, perm_key = jax.random.split(state.rng)
-  perms = jnp.stack([jax.random.permutation(k, n)
+  perms = jnp.stack([jax.random.permutation(k, units)
                      for k in jax.random.split(perm_key, loss_cfg.num_epochs)])
-  order = perms.reshape(loss_cfg.num_epochs * nmb, n // nmb)
+  order = perms.reshape(loss_cfg.num_epochs * nmb, units // nmb)
   max_len = batch.tokens.shape[1]
 
-  def update(state, idx):
-    mb = jax.tree.map(lambda x: x[idx], batch)
+  def update(state, unit_idx):
+    idx = (unit_idx[:, None] * rows_per_unit + jnp.arange(rows_per_unit)).reshape(-1)
+    mb = jax.tree.map(lambda x: x[idx], batch.replace(packing=None))
+    if packed:
+      mb = mb.replace(packing=jax.tree.map(lambda x: x[unit_idx], batch.packing))
     num_tokens = jnp.sum(mb.mask.astype(jnp.float32))
     w = token_weights(mb.mask, loss_cfg.agg, idx.shape[0], num_tokens, max_len)
     wm = token_weights(mb.mask, 'token-mean', idx.shape[0], num_tokens, max_len)
@@ -292,31 +317,44 @@ sft_step_jit = jax.jit(sft_step, static_argnames=('cfg',), donate_argnums=0)
 
 
 def batch_from_samples(prompts, samples_tokens, mask, advantages, old_logprobs,
-                       ref_logprobs=None, prompt_len=None) -> Batch:
-  """[B, P] prompts (+ [B] prompt_len) and [B, G, L] arrays -> a `Batch` of N = B * G rows."""
+                       ref_logprobs=None, prompt_len=None, packing=None) -> Batch:
+  """[B, P] prompts (+ [B] prompt_len) and [B, G, L] arrays -> a `Batch` of N = B * G rows.
+
+  `packing`: optional `trees.packing.Packing` of the B groups (see `Batch`).
+  """
   b, g, l = samples_tokens.shape
   flat = lambda x: None if x is None else x.reshape(b * g, l)
   return Batch(prompts=jnp.repeat(prompts, g, axis=0), tokens=flat(samples_tokens),
                mask=flat(mask), advantages=flat(advantages).astype(jnp.float32),
                old_logprobs=flat(old_logprobs), ref_logprobs=flat(ref_logprobs),
-               prompt_len=None if prompt_len is None else jnp.repeat(prompt_len, g, axis=0))
+               prompt_len=None if prompt_len is None else jnp.repeat(prompt_len, g, axis=0),
+               packing=packing)
 
 
 # ----------------------------------------------------------------------------
 # Mesh and sharding.
 
 
-def maybe_initialize_distributed():
+def maybe_initialize_distributed() -> bool:
   """jax.distributed.initialize() iff the environment describes a multi-host job.
 
-  Triggers on JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES / JAX_PROCESS_ID,
-  read by JAX itself) or TREECREDIT_DISTRIBUTED=1 (TPU pods auto-detect).
+  Triggers on JAX_COORDINATOR_ADDRESS ('host:port' of process 0; with
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID, which JAX does not read itself, so they
+  are passed here) or TREECREDIT_DISTRIBUTED=1 (TPU pods, SLURM, ...: JAX
+  auto-detects everything). CPU processes talk through gloo collectives. Call it
+  before anything touches a device; calling it again is a no-op.
   """
   import os
-  if os.environ.get('JAX_COORDINATOR_ADDRESS') or os.environ.get('TREECREDIT_DISTRIBUTED') == '1':
-    jax.distributed.initialize()
+  env = os.environ
+  if not (env.get('JAX_COORDINATOR_ADDRESS') or env.get('TREECREDIT_DISTRIBUTED') == '1'):
+    return False
+  if jax.distributed.is_initialized():
     return True
-  return False
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  as_int = lambda name: int(env[name]) if env.get(name) else None
+  jax.distributed.initialize(num_processes=as_int('JAX_NUM_PROCESSES'),
+                             process_id=as_int('JAX_PROCESS_ID'))
+  return True
 
 
 def make_mesh(fsdp: int = 1, devices=None) -> Mesh:
@@ -372,3 +410,54 @@ def shard_batch(batch, mesh: Mesh):
   """Row axis of every array in `batch` over the mesh (rows must divide the device count)."""
   sh = batch_sharding(mesh)
   return jax.tree.map(lambda x: jax.device_put(x, sh), batch)
+
+
+# ----------------------------------------------------------------------------
+# Multi-process jobs: each process addresses only its own devices.
+
+
+def process_rows(n: int, mesh: Mesh) -> slice:
+  """The rows of an [n, ...] array under `batch_sharding(mesh)` held by this process's devices."""
+  spans = sorted({s[0].indices(n)[:2] for s in
+                  batch_sharding(mesh).addressable_devices_indices_map((n,)).values()})
+  if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+    raise ValueError(f'this process holds non-contiguous rows {spans} of the mesh')
+  return slice(spans[0][0], spans[-1][1])
+
+
+def global_batch(local, mesh: Mesh, num_rows: int):
+  """Global arrays (rows over `batch_sharding(mesh)`) from this process's rows
+  (`process_rows(num_rows, mesh)` of every array in the pytree `local`)."""
+  sh = batch_sharding(mesh)
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+      sh, np.asarray(x), (num_rows,) + np.shape(x)[1:]), local)
+
+
+def host_batch_to_global(batch, mesh: Mesh):
+  """A host batch that every process holds in full (drawn from the same key) -> global
+  arrays with rows over the mesh; each process transfers only its own rows."""
+  def put(x):
+    x = np.asarray(x)
+    return global_batch(x[process_rows(x.shape[0], mesh)], mesh, x.shape[0])
+  return jax.tree.map(put, batch)
+
+
+def to_global(tree, mesh: Optional[Mesh] = None):
+  """Host-local arrays of a multi-process job -> replicated over `mesh` (default: all devices).
+
+  For values every process holds identically (e.g. a redundantly computed SFT state),
+  so that orbax can save them. Global arrays, and single-process jobs, pass unchanged.
+  """
+  if jax.process_count() == 1:
+    return tree
+  rep = NamedSharding(make_mesh() if mesh is None else mesh, P())
+  return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and not x.is_fully_addressable
+                      else jax.device_put(np.asarray(x), rep), tree)
+
+
+def host_value(x) -> np.ndarray:
+  """A (possibly multi-process, sharded) array as a numpy array on every process."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))

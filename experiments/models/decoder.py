@@ -106,21 +106,67 @@ class RMSNorm(nn.Module):
     return (y * scale).astype(x.dtype)
 
 
+def attention(q, keys, values, visible, cfg: 'PolicyConfig'):
+  """Grouped-query softmax attention: q [B, T, H, Dh], keys/values [B, S, K, Dh],
+  visible bool [B, T, S] -> [B, T, H, Dh]. Scores and softmax in float32."""
+  kh, rep = cfg.kv_heads, cfg.num_heads // cfg.kv_heads
+  q = q.reshape(q.shape[:2] + (kh, rep, cfg.head_dim))  # Query head = kv head * rep + r.
+  scores = jnp.einsum('btkrd,bskd->bkrts', q, keys).astype(jnp.float32)
+  scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
+  scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+  attn = jnp.einsum('bkrts,bskd->btkrd', probs, values)
+  return attn.reshape(attn.shape[:2] + (cfg.num_heads, cfg.head_dim))
+
+
+def packed_attention(q, k, v, pack, cfg: 'PolicyConfig'):
+  """Ancestor-only attention over packed trees (`trees.packing`).
+
+  q [B, T, H, Dh], k / v [B, T, K, Dh] at the packed slots. `pack.mode` 'paths'
+  gathers each response's root-to-leaf path [S] of queries, keys and values, runs
+  causal attention along it (the flat batch's computation for that row) and reads
+  each slot's output from one response through it; 'mask' runs dense [T, T]
+  attention under `trees.packing.ancestor_mask` (computed once, outside the layers).
+  """
+  if pack.mask is not None:
+    return attention(q, k, v, pack.mask, cfg)
+  b, t = q.shape[:2]
+  g, s_len = pack.path.shape[1:]
+  flat_path = pack.path.reshape(b, g * s_len)
+  along = lambda x: jnp.take_along_axis(x, flat_path[:, :, None, None], axis=1).reshape(
+      (b * g, s_len) + x.shape[2:])
+  causal = jnp.broadcast_to(jnp.tril(jnp.ones((s_len, s_len), bool)), (b * g, s_len, s_len))
+  out = attention(along(q), along(k), along(v), causal, cfg)  # [B * G, S, H, Dh]
+  out = out.reshape((b, g * s_len) + out.shape[2:])
+  return jnp.take_along_axis(out, pack.source[:, :, None, None], axis=1)
+
+
+@struct.dataclass
+class PackedAttention:
+  """Index arrays the layers need for packed trees: `path` [B, G, S], `source`
+  [B, T] (see `trees.packing.Packing`) and an optional dense `mask` [B, T, T]."""
+  path: jax.Array
+  source: jax.Array
+  mask: Optional[jax.Array] = None
+
+
 class Block(nn.Module):
   """Pre-norm decoder block, scanned over layers.
 
   carry = (x [B, T, D], cache or None, layer index); updates that layer's slice of
-  the stacked cache in place (a dynamic update on the carried buffer).
+  the stacked cache in place (a dynamic update on the carried buffer). With `pack`
+  (a `PackedAttention`, no cache) the T tokens are packed trees and attention is
+  ancestor-only.
   """
   cfg: PolicyConfig
 
   @nn.compact
-  def __call__(self, carry, positions):
+  def __call__(self, carry, positions, pack=None):
     x, cache, layer = carry
     cfg = self.cfg
     dense = lambda feats, name, axis=-1, bias=False: nn.DenseGeneral(
         feats, axis=axis, use_bias=bias, dtype=cfg.dtype, name=name)
-    kh, rep = cfg.kv_heads, cfg.num_heads // cfg.kv_heads
+    kh = cfg.kv_heads
 
     h = RMSNorm(cfg.rms_eps, name='attn_norm')(x)
     q = rope(dense((cfg.num_heads, cfg.head_dim), 'q', bias=cfg.attn_bias)(h),
@@ -128,23 +174,19 @@ class Block(nn.Module):
     k = rope(dense((kh, cfg.head_dim), 'k', bias=cfg.attn_bias)(h),
              positions, cfg.rope_base)  # [B, T, K, Dh]
     v = dense((kh, cfg.head_dim), 'v', bias=cfg.attn_bias)(h)
-    if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
-      keys, values, key_pos = k, v, positions
-    else:  # Write at `positions`, then attend over all S slots.
-      rows = jnp.arange(x.shape[0])[:, None]
-      cache = KVCache(
-          k=cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype)),
-          v=cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype)))
-      keys, values = cache.k[layer], cache.v[layer]
-      key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
-    visible = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S]
-    q = q.reshape(q.shape[:2] + (kh, rep, cfg.head_dim))  # Query head = kv head * rep + r.
-    scores = jnp.einsum('btkrd,bskd->bkrts', q, keys).astype(jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
-    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-    attn = jnp.einsum('bkrts,bskd->btkrd', probs, values)
-    attn = attn.reshape(attn.shape[:2] + (cfg.num_heads, cfg.head_dim))
+    if pack is not None:
+      attn = packed_attention(q, k, v, pack, cfg)
+    else:
+      if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
+        keys, values, key_pos = k, v, positions
+      else:  # Write at `positions`, then attend over all S slots.
+        rows = jnp.arange(x.shape[0])[:, None]
+        cache = KVCache(
+            k=cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype)),
+            v=cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype)))
+        keys, values = cache.k[layer], cache.v[layer]
+        key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+      attn = attention(q, keys, values, key_pos[:, None, :] <= positions[:, :, None], cfg)
     x = x + dense(cfg.d_model, 'o', axis=(-2, -1))(attn)
 
     h = RMSNorm(cfg.rms_eps, name='mlp_norm')(x)
@@ -171,9 +213,9 @@ class Transformer(nn.Module):
     if not cfg.tie_embeddings:
       self.head = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, name='head')
 
-  def hidden(self, tokens, positions, cache=None):
+  def hidden(self, tokens, positions, cache=None, pack=None):
     x = self.embed(tokens)
-    (x, cache, _), _ = self.blocks((x, cache, jnp.int32(0)), positions)
+    (x, cache, _), _ = self.blocks((x, cache, jnp.int32(0)), positions, pack)
     return self.final_norm(x).astype(jnp.float32), cache
 
   def logits(self, h):
@@ -301,3 +343,30 @@ def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=Non
   logp, entropy = log_softmax_entropy(logits)
   lp = jnp.take_along_axis(logp, responses[..., None].astype(jnp.int32), axis=-1)[..., 0]
   return lp, entropy
+
+
+def packed_token_logprobs(params, cfg: PolicyConfig, packing, responses):
+  """`token_logprobs` of B groups of G responses from one forward over their packed trees.
+
+  packing: a `trees.packing.Packing` of the groups (prompt + unique tokens, [B, T]).
+  responses: [B, G, L] int32, the responses that were packed.
+  Returns logprobs, entropy [B, G, L] f32, equal to `token_logprobs` on the B * G
+  flat rows (up to float rounding) at unmasked tokens.
+  """
+  from trees import packing as packing_lib  # trees does not import experiments
+  mask = packing_lib.ancestor_mask(packing) if packing.attention == 'mask' else None
+  attn = PackedAttention(path=packing.path, source=packing.source, mask=mask)
+  m = model(cfg)
+  h, _ = m.apply({'params': params}, packing.tokens, packing.positions, None, attn,
+                 method='hidden')  # [B, T, D]
+  p = packing.num_prompt_slots
+  last_prompt = jnp.take_along_axis(h, (packing.prompt_len - 1)[:, None, None], axis=1)
+  rows = jnp.concatenate([last_prompt, h[:, p:]], axis=1)  # [B, T - P + 1, D]
+  b, g, l = responses.shape
+  # Only the rows some token is scored from (each parent once) reach the vocab head.
+  logits = m.apply({'params': params}, rows, method='logits')
+  logp, entropy = log_softmax_entropy(logits)  # [B, U, V], [B, U]
+  row = packing.logit_row.reshape(b, g * l)
+  lp = logp[jnp.arange(b)[:, None], row, responses.reshape(b, g * l).astype(jnp.int32)]
+  ent = jnp.take_along_axis(entropy, row, axis=1)
+  return lp.reshape(b, g, l), ent.reshape(b, g, l)
