@@ -1,40 +1,71 @@
 """Host-side checks of a `Rollouts` batch, with errors that name the problem."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from credit.rollouts import Rollouts
-from trees.prefix_tree import check_tokens_and_mask
+from trees.prefix_tree import as_tokens_and_mask
 
 _PER_TOKEN = ("logprobs", "old_logprobs", "ref_logprobs", "token_rewards", "values")
+
+
+def _array(x):
+  """jax arrays (tracers included) as they are, anything else through numpy."""
+  return x if isinstance(x, jax.Array) else np.asarray(x)
+
+
+def _is_real(dtype, allow_bool: bool) -> bool:
+  """Integers or floats (bfloat16 included: jnp.issubdtype knows it, np.issubdtype does not)."""
+  return (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
+          or (allow_bool and dtype == jnp.bool_))
 
 
 def validate(rollouts: Rollouts) -> Rollouts:
   """Raises ValueError on malformed rollouts; returns them unchanged otherwise.
 
-  Checks: tokens are integers and mask boolean, of one shape [..., G, L]
-  with G > 0; the mask is one run from position 0; rewards are [..., G] and
-  finite; optional per-token fields have the tokens' shape and are finite on
-  unmasked tokens. Call it outside jit (it reads values).
+  Checks: tokens are integers (fitting int32) and mask boolean, of one shape
+  [..., G, L] with G > 0; the mask is one run from position 0; rewards are
+  [..., G] real numbers (bool, int or float) and finite in float32; optional
+  per-token fields are int or float of the tokens' shape, finite in float32 on
+  unmasked tokens; an explicit tree has the tokens' mask. Values are checked
+  only when concrete (under jit: shapes and dtypes only).
   """
-  tokens, mask = jnp.asarray(rollouts.tokens), jnp.asarray(rollouts.mask)
-  check_tokens_and_mask(tokens, mask)
-  rewards = np.asarray(rollouts.rewards)
+  tokens, mask = as_tokens_and_mask(rollouts.tokens, rollouts.mask)
+  rewards = _array(rollouts.rewards)
   if rewards.shape != tokens.shape[:-1]:
     raise ValueError(f"rewards must be [..., G] = {tokens.shape[:-1]} to match tokens "
                      f"{tokens.shape}; got {rewards.shape}.")
-  if not np.issubdtype(rewards.dtype, np.number) or np.issubdtype(rewards.dtype, np.complexfloating):
+  if not _is_real(rewards.dtype, allow_bool=True):
     raise ValueError(f"rewards must be real numbers; got dtype {rewards.dtype}.")
-  if not np.all(np.isfinite(rewards)):
-    bad = tuple(int(i) for i in np.argwhere(~np.isfinite(rewards))[0])
-    raise ValueError(f"rewards must be finite; rewards{list(bad)} = {rewards[bad]}.")
+  concrete = not isinstance(mask, jax.core.Tracer)
+  if concrete and not isinstance(rewards, jax.core.Tracer):
+    with np.errstate(over='ignore'):  # 1e300 -> inf is the point of the check
+      r = np.asarray(rewards, np.float32)  # what the estimators compute with
+    if not np.all(np.isfinite(r)):
+      bad = tuple(int(i) for i in np.argwhere(~np.isfinite(r))[0])
+      raise ValueError(f"rewards must be finite (in float32); rewards{list(bad)} = "
+                       f"{np.asarray(rewards)[bad]}.")
   for name in _PER_TOKEN:
     value = getattr(rollouts, name)
     if value is None:
       continue
-    value = np.asarray(value)
+    value = _array(value)
     if value.shape != tokens.shape:
       raise ValueError(f"{name} must have the tokens' shape {tokens.shape}; got {value.shape}.")
-    if not np.all(np.isfinite(value) | ~np.asarray(mask)):
-      raise ValueError(f"{name} has non-finite values on unmasked tokens.")
+    if not _is_real(value.dtype, allow_bool=False):
+      raise ValueError(f"{name} must be real numbers (int or float); got dtype {value.dtype}.")
+    if concrete and not isinstance(value, jax.core.Tracer):
+      with np.errstate(over='ignore'):
+        finite = np.isfinite(np.asarray(value, np.float32))
+      if not np.all(finite | ~np.asarray(mask)):
+        raise ValueError(f"{name} has non-finite values on unmasked tokens.")
+  tree = rollouts.tree
+  if tree is not None:
+    if tree.mask.shape != tokens.shape:
+      raise ValueError(f"tree is of shape [..., G, L] = {tree.mask.shape}; the tokens are "
+                       f"{tokens.shape}.")
+    if concrete and not isinstance(tree.mask, jax.core.Tracer) and not np.array_equal(
+        np.asarray(tree.mask), np.asarray(mask)):
+      raise ValueError("tree.mask differs from mask: the tree was built from other responses.")
   return rollouts

@@ -12,6 +12,7 @@ import pytest
 
 from experiments import sampling
 from experiments.models import decoder, pretrained
+from trees import packing
 
 FIXTURE = pathlib.Path(__file__).parent / 'fixtures' / 'smollm2_hf_reference.npz'
 
@@ -75,3 +76,23 @@ def test_gguf_to_hf_dir_round_trip(lm, forward, tmp_path):
   assert again.tokenizer.stop_ids == lm.tokenizer.stop_ids
   msgs = [{'role': 'user', 'content': 'hi'}]
   assert again.tokenizer.render_chat(msgs) == lm.tokenizer.render_chat(msgs)
+
+
+def test_packed_tree_logprobs_equal_flat_rows_on_the_real_model(lm):
+  """One packed forward over a 3-response tree equals the 3 flat rows (f32)."""
+  tok = lm.tokenizer
+  prompt = tok.encode_chat([{'role': 'user', 'content': 'Add 2 and 3.'}])
+  answers = ['2 + 3 = 5.', '2 + 3 is 5.', '2 + 3 = 6.']
+  ids = [tok.encode(a) for a in answers]
+  l = max(map(len, ids))
+  resp = np.zeros((1, 3, l), np.int32)
+  mask = np.zeros((1, 3, l), bool)
+  for g, r in enumerate(ids):
+    resp[0, g, :len(r)], mask[0, g, :len(r)] = r, True
+  prompts = np.asarray([prompt], np.int32)
+  flat, _ = decoder.token_logprobs(lm.params, lm.cfg, np.repeat(prompts, 3, 0), resp[0])
+  pk = packing.pack(prompts, resp, mask, pack_len=packing.required_len(prompts, resp, mask))
+  assert int(pk.num_slots[0]) < prompts.shape[1] + mask.sum()  # the shared prefix is packed once
+  packed, _ = decoder.packed_token_logprobs(lm.params, lm.cfg, pk, resp)
+  np.testing.assert_allclose(np.where(mask[0], packed[0], 0), np.where(mask[0], flat, 0),
+                             atol=2e-4)

@@ -97,6 +97,40 @@ class PrefixTree:
     return jnp.sum(self.mask, axis=-1, dtype=jnp.int32)
 
 
+def as_tokens_and_mask(tokens, mask):
+  """`tokens`, `mask` as jax arrays, checked by `check_tokens_and_mask`.
+
+  Host inputs (numpy arrays, lists) have their dtypes checked before the
+  conversion, so strings or objects raise ValueError rather than a TypeError
+  from `jnp.asarray`, and 64-bit ids outside int32 (which the conversion would
+  silently wrap) are caught while they are still exact.
+  """
+  if not isinstance(tokens, jax.Array):
+    tokens = np.asarray(tokens)
+    if not np.issubdtype(tokens.dtype, np.integer):
+      raise ValueError(f"tokens must be integers; got dtype {tokens.dtype}.")
+    _check_int32_range(tokens)
+  if not isinstance(mask, jax.Array):
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_:
+      raise ValueError(f"mask must be boolean; got dtype {mask.dtype}.")
+  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
+  check_tokens_and_mask(tokens, mask)
+  return tokens, mask
+
+
+def _check_int32_range(tokens):
+  """Keys are int32 inside `build_from_keys`: wider integer ids must fit (when concrete)."""
+  if tokens.dtype.itemsize <= 4 or isinstance(tokens, jax.core.Tracer) or tokens.size == 0:
+    return
+  t = np.asarray(tokens)
+  low, high = t.min(), t.max()
+  if low < -2**31 or high >= 2**31:
+    bad = low if low < -2**31 else high
+    at = tuple(int(i) for i in np.argwhere(t == bad)[0])
+    raise ValueError(f"tokens must fit in int32; got tokens{list(at)} = {bad} ({t.dtype}).")
+
+
 def check_tokens_and_mask(tokens, mask):
   """Raises ValueError on inputs `build` cannot take (values only when concrete)."""
   if tokens.ndim < 2:
@@ -111,6 +145,7 @@ def check_tokens_and_mask(tokens, mask):
     raise ValueError("empty group: the group axis (G, second to last) has size 0.")
   if tokens.shape[-1] == 0:
     raise ValueError("the token axis (L, last) has size 0; pad to at least one position.")
+  _check_int32_range(tokens)
   if not isinstance(mask, jax.core.Tracer):
     m = np.asarray(mask)
     holes = m[..., 1:] & ~m[..., :-1]
@@ -139,8 +174,7 @@ def build(tokens, mask, *, method: str = "blocked") -> PrefixTree:
   Returns:
     A `PrefixTree` with the same leading dimensions.
   """
-  tokens, mask = jnp.asarray(tokens), jnp.asarray(mask)
-  check_tokens_and_mask(tokens, mask)
+  tokens, mask = as_tokens_and_mask(tokens, mask)
   return _build(tokens, mask, method)
 
 

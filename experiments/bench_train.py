@@ -1,0 +1,146 @@
+"""Train-step throughput and memory: tree-packed vs prompt-packed vs flat rows, in one run.
+
+    python -m experiments.bench_train [--model toy|smollm2] [--groups 8] [--repeats 5]
+        [--cases a,b,c]
+
+Each case times the jitted `train_step` (one Adam update, token-mean loss) on the
+same batch in three layouts — `none` (flat B * G rows, the baseline), `prompt`
+(PrefixGrouper-style: the prompt once per group) and `tree` (every prefix-tree
+node once) — and prints response tokens per second, the ratio against flat, the
+compiled program's temporary memory, the packed length and the share of leaf
+tokens that the tree shares. The pack length is the loop's bucketed length
+(`trees.packing.bucket_len`), not the exact one.
+
+Cases (response length L, prompt length P):
+  a  i.i.d. GRPO groups: independent random responses, G in {8, 16}, P:L = 1:1 and 4:1.
+  b  fixed-branching sampled trees: branching (2, 2, 2) and (4, 4) with long first
+     segments, 50-75 % of leaf tokens shared.
+  c  worst case: nothing shared beyond the prompt, P:L = 1:4.
+Absolute times depend on the machine; compare the ratios of one run.
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import train_step as ts
+from experiments.models import decoder
+from trees import packing
+
+
+def iid_groups(rng, b, g, l, vocab):
+  """Independent responses with distinct first tokens (nothing shared past the prompt)."""
+  tok = rng.integers(0, vocab, (b, g, l)).astype(np.int32)
+  tok[:, :, 0] = np.arange(g) % vocab
+  return tok
+
+
+def tree_groups(rng, b, branching, fractions, l, vocab):
+  """Responses of a fixed-branching tree: level k's segment is fractions[k] * L tokens,
+  shared by every leaf below its node. Distinct first tokens at each fork."""
+  cuts = np.concatenate([[0], np.round(np.cumsum(fractions) * l).astype(int)])
+  cuts[-1] = l
+  g = int(np.prod(branching))
+  tok = np.zeros((b, g, l), np.int32)
+  for level, _ in enumerate(branching):
+    width = int(np.prod(branching[level + 1:]))  # leaves below one node of this level
+    nodes = g // width
+    seg = rng.integers(0, vocab, (b, nodes, cuts[level + 1] - cuts[level]))
+    seg[:, :, 0] = np.arange(nodes) % branching[level]
+    tok[:, :, cuts[level]:cuts[level + 1]] = np.repeat(seg, width, axis=1)
+  return tok
+
+
+def cases(which):
+  out = []
+  if 'a' in which:
+    for g in (8, 16):
+      for p, l in ((32, 32), (128, 32)):
+        out.append((f'a iid G={g} P:L={p}:{l}', 'iid', g, p, l))
+  if 'b' in which:
+    out.append(('b tree (2,2,2) seg .5/.25/.25', 'tree', ((2, 2, 2), (.5, .25, .25)), 32, 32))
+    out.append(('b tree (4,4) seg .75/.25', 'tree', ((4, 4), (.75, .25)), 32, 32))
+    out.append(('b tree (2,2,2) seg .75/.125/.125', 'tree', ((2, 2, 2), (.75, .125, .125)), 32, 64,))
+  if 'c' in which:
+    out.append(('c no sharing G=8 P:L=16:64', 'iid', 8, 16, 64))
+  return out
+
+
+def timed(fn, repeats):
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--model', default='toy', choices=('toy', 'smollm2'))
+  parser.add_argument('--groups', type=int, default=8, help='B, groups (prompts) per step')
+  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--cases', default='a,b,c')
+  args = parser.parse_args(argv)
+
+  rng = np.random.default_rng(0)
+  b = args.groups
+  print(f'jax {jax.__version__} on {jax.devices()[0].platform}, model {args.model}, B={b}')
+  print(f'{"case":34} {"layout":7} {"T":>5} {"shared":>7} {"tok/s":>9} {"x flat":>7} '
+        f'{"temp MiB":>9}')
+  pretrained = None
+  for name, kind, gspec, p, l in cases(args.cases):
+    if args.model == 'toy':
+      cfg = decoder.PolicyConfig(vocab_size=16, max_len=p + l)
+      params = decoder.init_params(jax.random.PRNGKey(0), cfg)
+      vocab = 16
+    else:
+      from experiments.models import pretrained as pretrained_lib
+      if pretrained is None:
+        pretrained = pretrained_lib.load('smollm2', max_len=p + l, remat=True)
+      import dataclasses
+      cfg = dataclasses.replace(pretrained.cfg, max_len=p + l)
+      params, vocab = pretrained.params, pretrained.cfg.vocab_size
+    if kind == 'iid':
+      g = gspec
+      tok = iid_groups(rng, b, g, l, vocab)
+    else:
+      tok = tree_groups(rng, b, gspec[0], gspec[1], l, vocab)
+      g = tok.shape[1]
+    mask = np.ones(tok.shape, bool)
+    prompts = rng.integers(0, vocab, (b, p)).astype(np.int32)
+    adv = rng.normal(size=(b, g, 1)).astype(np.float32) * np.ones((1, 1, l), np.float32)
+    old = np.full(tok.shape, -np.log(vocab), np.float32)
+    need = packing.required_len(prompts, tok, mask, 'tree')
+    shared = 1 - (need - p) / (g * l)
+    base = None
+    lc = ts.LossConfig(num_minibatches=1)
+    tx = ts.make_optimizer(1e-4)
+    for layout in ('none', 'prompt', 'tree'):
+      pk = None
+      t_len = g * (p + l)  # flat: tokens per group
+      if layout != 'none':
+        node = packing.node_ids(jnp.asarray(tok), jnp.asarray(mask), layout)
+        req = packing.required_len(prompts, tok, mask, layout, node=node)
+        t_len = packing.bucket_len(req, p, g, l)
+        pk = packing.pack(prompts, tok, mask, pack_len=t_len, mode=layout, node=node)
+      batch = ts.batch_from_samples(jnp.asarray(prompts), jnp.asarray(tok), jnp.asarray(mask),
+                                    jnp.asarray(adv), jnp.asarray(old), packing=pk)
+      state = ts.init_state(jax.tree.map(jnp.copy, params), tx)
+      step = jax.jit(ts.train_step, static_argnames=('cfg', 'loss_cfg'))
+      compiled = step.lower(state, batch, cfg=cfg, loss_cfg=lc).compile()
+      mem = compiled.memory_analysis()
+      temp = getattr(mem, 'temp_size_in_bytes', float('nan')) / 2**20 if mem else float('nan')
+      jax.block_until_ready(compiled(state, batch))
+      sec = timed(lambda: compiled(state, batch), args.repeats)
+      tps = b * g * l / sec
+      base = tps if layout == 'none' else base
+      print(f'{name:34} {layout:7} {t_len:>5} '
+            f'{shared:>7.0%} {tps:>9.0f} {tps / base:>7.2f} {temp:>9.1f}', flush=True)
+
+
+if __name__ == '__main__':
+  main()
