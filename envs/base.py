@@ -14,9 +14,13 @@ pure jnp functions over token ids (int32) and masks (bool):
 Response convention (all tasks): `mask` is True on the generated tokens (one run
 from position 0, including the EOS token) and False after. A response is the
 masked prefix; only its tokens up to and including its first EOS are read.
-Every task here has fixed-length answers and `response_len` R is exactly that
-length plus one, so a correct response is R masked tokens whose last is the
-first EOS. Anything else (no EOS, EOS too early, masked-out tokens) scores 0.
+The answer-only tasks (addition, countdown, token_tree) have fixed-length answers
+and `response_len` R is exactly that length plus one, so a correct response is R
+masked tokens whose last is the first EOS. Anything else (no EOS, EOS too early,
+masked-out tokens) scores 0. The chain-of-thought tasks (scratch_add,
+countdown_steps) have variable-length responses: R is the longest valid one, a
+response may end at its first EOS anywhere, tokens after it are ignored, and one
+without EOS scores 0.
 """
 
 import dataclasses

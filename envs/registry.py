@@ -2,10 +2,12 @@
 
 import dataclasses
 
-from envs import addition, base, countdown, token_tree
+from envs import addition, base, countdown, countdown_steps, scratchpad_addition, token_tree
 
 _TASKS: dict[str, type[base.Task]] = {
-    cls.name: cls for cls in (addition.Addition, countdown.Countdown, token_tree.TokenTree)
+    cls.name: cls for cls in (addition.Addition, countdown.Countdown, token_tree.TokenTree,
+                              scratchpad_addition.ScratchpadAddition,
+                              countdown_steps.CountdownSteps)
 }
 
 

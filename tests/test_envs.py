@@ -337,12 +337,12 @@ def test_token_tree_values_off_policy():
 # --- registry and host helpers -------------------------------------------------------------------
 
 def test_registry():
-  assert envs.names() == ("addition", "countdown", "token_tree")
+  assert envs.names() == ("addition", "countdown", "countdown_steps", "scratch_add", "token_tree")
   assert envs.get("addition").vocab_size == 14
   assert envs.get("addition", num_digits=5).prompt_len == 12
   assert isinstance(envs.get("token_tree"), envs.Task)
   assert envs.get("countdown") == envs.get("countdown")  # equal and hashable: jit-cache friendly
-  with pytest.raises(ValueError, match="addition, countdown, token_tree"):
+  with pytest.raises(ValueError, match="addition, countdown, countdown_steps, scratch_add, token_tree"):
     envs.get("sudoku")
   with pytest.raises(ValueError, match="num_digits"):
     envs.get("addition", digits=3)
