@@ -235,10 +235,15 @@ def fork(state: Rollout, source, position, uniforms, *, pad_id: int = 0) -> Roll
   from index position[i] on with `uniforms[i]` ([R', L], its own response's
   stream), reusing the copied cache (no prefix recomputation). Needs position
   <= the source's generated length (its `index`). A fork at or beyond the
-  source's EOS yields a done row identical to its source.
+  source's EOS yields a done row identical to its source. A static int
+  `source` n means source = repeat(arange(R), n): a broadcast, not a gather.
   """
-  s = jax.tree.map(lambda x: x[source], state.replace(cache=None))
-  cache = jax.tree.map(lambda x: x[:, source], state.cache)
+  if isinstance(source, int):
+    take = lambda x, axis: jnp.repeat(x, source, axis=axis)
+  else:
+    take = lambda x, axis: x[(slice(None),) * axis + (source,)]
+  s = jax.tree.map(lambda x: take(x, 0), state.replace(cache=None))
+  cache = jax.tree.map(lambda x: take(x, 1), state.cache)
   position = jnp.asarray(position, jnp.int32)
   length = s.tokens.shape[1]
   keep = jnp.arange(length)[None, :] < position[:, None]
@@ -399,15 +404,30 @@ def sample_tree_fixed(params, cfg: decoder.PolicyConfig, key, prompts,
   b, l = prompts.shape[0], max_new_tokens
   parent, fork_pos, level_ids = fixed_tree(branching, segment_len)
   u = _uniforms_jit(key, prompt_ids, np.arange(len(parent), dtype=np.int32), length=l)
-  state = _start(params, prompts, u[:, level_ids[0]], prompt_len, cfg=cfg, pad_id=pad_id)
+  return _tree_fixed(params, prompts, u, prompt_len, knobs, cfg=cfg, branching=branching,
+                     segment_len=segment_len, eos_id=eos_id, pad_id=pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=('cfg', 'branching', 'segment_len', 'eos_id',
+                                             'pad_id'))
+def _tree_fixed(params, prompts, u, prompt_len, knobs, *, cfg, branching, segment_len, eos_id,
+                pad_id):
+  """All levels of `sample_tree_fixed` in one program (uniforms u [B, G, L]).
+
+  Forks repeat rows (a broadcast, no gather) and feed the next level's decode
+  loop directly, so no stage boundary copies or re-materializes the KV cache.
+  """
+  b, l = prompts.shape[0], u.shape[-1]
+  parent, fork_pos, level_ids = fixed_tree(branching, segment_len)
+  state = start(params, cfg, prompts, u[:, level_ids[0]], prompt_len=prompt_len, pad_id=pad_id)
   for level in range(len(branching)):
     if level > 0:
-      source = np.repeat(np.arange(state.tokens.shape[0]), branching[level])
-      position = np.full(source.shape, level * segment_len, np.int32)
-      state = _fork(state, source, position, u[:, level_ids[level]].reshape(-1, l),
-                    pad_id=pad_id)
+      position = jnp.full((state.tokens.shape[0] * branching[level],), level * segment_len,
+                          jnp.int32)
+      state = fork(state, branching[level], position, u[:, level_ids[level]].reshape(-1, l),
+                   pad_id=pad_id)
     stop = l if level == len(branching) - 1 else (level + 1) * segment_len
-    state = _decode(params, state, stop, knobs, cfg=cfg, eos_id=eos_id)
+    state = decode(params, cfg, state, stop, eos_id=eos_id, **knobs)
   shape = (b, len(parent))
   return _finish_fixed(state, b, np.broadcast_to(parent, shape), np.broadcast_to(fork_pos, shape))
 
