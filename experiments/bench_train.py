@@ -20,13 +20,14 @@ Absolute times depend on the machine; compare the ratios of one run.
 """
 
 import argparse
-import time
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments import train_step as ts
+from experiments.bench_credit import median_time
 from experiments.models import decoder
 from trees import packing
 
@@ -69,15 +70,6 @@ def cases(which):
   return out
 
 
-def timed(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--model', default='toy', choices=('toy', 'smollm2'))
@@ -101,7 +93,6 @@ def main(argv=None):
       from experiments.models import pretrained as pretrained_lib
       if pretrained is None:
         pretrained = pretrained_lib.load('smollm2', max_len=p + l, remat=True)
-      import dataclasses
       cfg = dataclasses.replace(pretrained.cfg, max_len=p + l)
       params, vocab = pretrained.params, pretrained.cfg.vocab_size
     if kind == 'iid':
@@ -135,7 +126,7 @@ def main(argv=None):
       mem = compiled.memory_analysis()
       temp = getattr(mem, 'temp_size_in_bytes', float('nan')) / 2**20 if mem else float('nan')
       jax.block_until_ready(compiled(state, batch))
-      sec = timed(lambda: compiled(state, batch), args.repeats)
+      sec = median_time(lambda: compiled(state, batch), args.repeats)
       tps = b * g * l / sec
       base = tps if layout == 'none' else base
       print(f'{name:34} {layout:7} {t_len:>5} '

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from trees import packing as packing_lib
+
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
@@ -353,7 +355,6 @@ def packed_token_logprobs(params, cfg: PolicyConfig, packing, responses):
   Returns logprobs, entropy [B, G, L] f32, equal to `token_logprobs` on the B * G
   flat rows (up to float rounding) at unmasked tokens.
   """
-  from trees import packing as packing_lib  # trees does not import experiments
   mask = packing_lib.ancestor_mask(packing) if packing.attention == 'mask' else None
   attn = PackedAttention(path=packing.path, source=packing.source, mask=mask)
   m = model(cfg)
