@@ -26,16 +26,30 @@ def to_tokens(per_response, mask):
 
 
 def masked_whiten(x, mask, eps=1e-8):
-  """(x − mean)/(std + eps) over all unmasked tokens of the batch; 0 on masked ones."""
+  """(x − mean)/(std + eps) over all unmasked tokens of the batch; 0 on masked ones.
+
+  Exactly 0 everywhere if the deviations x − mean are all the same on the
+  unmasked tokens (as computed; so whenever every unmasked x is equal, as
+  `all_equal` does for `grpo`): the output would then be one constant, which
+  is only float rounding of the mean over std + eps (all returns 0.7 gave
+  ±0.97). Values that differ beyond that are whitened as usual.
+  """
   n = jnp.maximum(jnp.sum(mask), 1)
   mean = jnp.sum(jnp.where(mask, x, 0.0)) / n
-  var = jnp.sum(jnp.where(mask, (x - mean) ** 2, 0.0)) / n
-  return jnp.where(mask, (x - mean) / (jnp.sqrt(var) + eps), 0.0)
+  dev = x - mean
+  var = jnp.sum(jnp.where(mask, dev ** 2, 0.0)) / n
+  varies = jnp.max(jnp.where(mask, dev, -jnp.inf)) > jnp.min(jnp.where(mask, dev, jnp.inf))
+  return jnp.where(mask & varies, dev / (jnp.sqrt(var) + eps), 0.0)
 
 
 def whiten_nonzero(x, mask, eps=1e-8):
-  """`masked_whiten`, except that a batch whose x is 0 on every unmasked token stays 0."""
-  return jnp.where(jnp.all(jnp.where(mask, x, 0.0) == 0), 0.0, masked_whiten(x, mask, eps))
+  """`masked_whiten`: a batch whose x is 0 on every unmasked token stays 0.
+
+  `masked_whiten` gives exact 0 for any batch of equal values, zeros included,
+  so this is the same function; kept as the name the tree and outcome
+  estimators use for that guarantee.
+  """
+  return masked_whiten(x, mask, eps)
 
 
 def loo_mean(x):

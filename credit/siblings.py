@@ -42,17 +42,17 @@ def mars2_shaping(rollouts: Rollouts, gamma: float = 0.5, lam: float = 0.5,
   """
   tree = tree_of(rollouts)
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
-  v = trees.tree_values(tree, rewards, value)
-  stats = trees.child_stats(tree, v, rewards)
-  end = trees.end_nodes(tree)
-  last = jnp.maximum(tree.lengths - 1, 0)[..., None]
-  start = jnp.take_along_axis(trees.segment_start(tree), last, axis=-1)
-  split = jnp.take_along_axis(tree.parent, start, axis=-1)[..., 0]  # s_b of the last segment
-  ends_shared = jnp.take_along_axis(stats.count, end, axis=-1) > 1
-  parent = jnp.where(ends_shared | (tree.lengths == 0), end, split)
-  gather = lambda x: jnp.take_along_axis(x, parent, axis=-1)
-  c, r_parent = gather(stats.count).astype(jnp.float32), gather(v)
-  others = jnp.where(c > 1, (gather(stats.sum) - rewards) / jnp.maximum(c - 1.0, 1.0), r_parent)
+  stats = trees.level_stats(tree, rewards, value)  # [..., G, G] per level
+  lengths = tree.lengths
+  end = jnp.take_along_axis(tree.level, jnp.maximum(lengths - 1, 0), axis=-1)  # leaf's level
+  at = lambda table, level: jnp.take_along_axis(table, level[..., None], axis=-1)[..., 0]
+  # The end node is the parent if other responses pass through it, else s_b of the last segment.
+  ends_shared = at(tree.run_last - tree.run_first, end) > 0
+  parent = jnp.where(lengths == 0, 0,
+                     jnp.where(ends_shared, end, jnp.maximum(at(stats.parent, end), 0)))
+  c, r_parent = at(stats.count, parent).astype(jnp.float32), at(stats.value, parent)
+  others = jnp.where(c > 1, (at(stats.sum, parent) - rewards) / jnp.maximum(c - 1.0, 1.0),
+                     r_parent)
   gap = rewards - ((1.0 - lam) * r_parent + lam * others)
   gap = jnp.where(jnp.abs(gap) > rounding_tolerance(rewards)[..., 0], gap, 0.0)
   shaped = rewards + gamma * gap

@@ -4,9 +4,13 @@ TreeRPO / Sibling-GRPO.
 
 With token-level nodes, the edge out of a branch point s_b is the segment that
 starts at token b; V(child) is constant along it (nothing branches inside), so
-the segment's advantage is read at its first token and copied to the rest
-(`trees.segment_fill`). A node's siblings are its parent's children, terminal
-children (responses ending at the parent) included (`trees.child_stats`).
+the segment's advantage is read at its first token and copied to the rest.
+A node's siblings are its parent's children, terminal children (responses
+ending at the parent) included (`trees.child_stats`).
+
+Computed per level (`trees.level_stats`, [G, G] tables): a segment's child is
+g's node at the level where its run last shrank, its parent the node one level
+before, so the advantage is a [G, G] table expanded to tokens by one gather.
 """
 
 import jax.numpy as jnp
@@ -32,23 +36,18 @@ def edge_advantages(tree: trees.PrefixTree, rewards, *, value: str = "children",
   Differences below `rounding_tolerance(rewards)` are float rounding of equal
   means and are set to exactly 0, so equal siblings never get an advantage.
   """
-  v = trees.tree_values(tree, rewards, value)
-  v_after = trees.to_tokens(tree, v)
-  stats = None
-  if baseline == "parent":
-    base = trees.to_tokens(tree, v, before=True)
-  elif baseline == "siblings":
-    stats = trees.child_stats(tree, v, rewards, ddof=ddof)
-    base = trees.to_tokens(tree, stats.mean, before=True)
-  else:
+  if baseline not in ("parent", "siblings"):
     raise ValueError(f"unknown baseline {baseline!r}; choose 'parent' or 'siblings'.")
+  rewards = jnp.asarray(rewards, jnp.float32)
+  stats = trees.level_stats(tree, rewards, value, ddof=ddof)  # [..., G, G] per level
+  at = lambda table, level: jnp.take_along_axis(table, jnp.maximum(level, 0), axis=-1)
+  base = at(stats.value if baseline == "parent" else stats.mean, stats.parent)
   tol = rounding_tolerance(rewards)
-  diff = v_after - base
-  diff = jnp.where(tree.branches & (jnp.abs(diff) > tol), diff, 0.0)
+  diff = at(stats.value, stats.start) - base  # V(child) − baseline, constant along the segment
+  diff = jnp.where((stats.parent >= 0) & (jnp.abs(diff) > tol), diff, 0.0)
   if normalise:
-    stats = stats if stats is not None else trees.child_stats(tree, v, rewards, ddof=ddof)
-    std = trees.to_tokens(tree, stats.std, before=True)
+    std = at(stats.std, stats.parent)
     diff = diff / (jnp.where(std > tol, std, 0.0) + eps)
   if rewards.shape[-1] > 1:
     diff = jnp.where(all_equal(rewards)[..., None], 0.0, diff)
-  return trees.segment_fill(tree, diff)
+  return trees.level_to_tokens(tree, diff)

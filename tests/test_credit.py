@@ -279,3 +279,33 @@ class EstimatorVariantsTest(chex.TestCase):
       chex.assert_tree_all_finite(adv)
       chex.assert_trees_all_close(adv, jax.jit(credit.get(name))(r), atol=1e-6)
       assert (np.asarray(adv)[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("n", [7, 10, 1000, 100_000])
+@pytest.mark.parametrize("value", [0.7, 0.1, 1 / 3, -2.1])
+def test_masked_whiten_gives_exact_zeros_for_equal_values(n, value):
+  """Equal values that float32 cannot represent: rounding of the mean used to
+  give O(1) outputs (0.7 on 7 tokens -> 0.86)."""
+  mask = np.arange(n + 3) < n
+  x = np.where(mask, np.float32(value), 5.0).astype(np.float32)
+  for eps in (1e-8, 0.0):
+    np.testing.assert_array_equal(np.asarray(credit.groups.masked_whiten(x, mask, eps)), 0.0)
+    np.testing.assert_array_equal(np.asarray(credit.groups.whiten_nonzero(x, mask, eps)), 0.0)
+  x = np.random.default_rng(n).normal(size=n + 3).astype(np.float32) + value
+  want = np.where(mask, (x - x[mask].mean()) / (x[mask].std() + 1e-8), 0.0)
+  np.testing.assert_allclose(np.asarray(credit.groups.masked_whiten(x, mask)), want,
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_reinforce_pp_is_zero_when_all_returns_are_equal(gamma):
+  rng = np.random.default_rng(3)
+  tokens = rng.integers(0, 4, (3, 5, 7)).astype(np.int32)
+  mask = np.ones((3, 5, 7), bool) if gamma != 1.0 else np.arange(7) < rng.integers(
+      1, 8, (3, 5, 1))
+  adv = credit.get("reinforce_pp")(_rollouts(tokens, mask, np.full((3, 5), 0.7, np.float32)),
+                                   gamma=gamma)
+  if gamma == 1.0:  # every return-to-go is R = 0.7
+    np.testing.assert_array_equal(np.asarray(adv), 0.0)
+  else:  # returns differ along a response: whitened, finite, mean 0
+    assert np.all(np.isfinite(adv)) and abs(float(np.asarray(adv)[mask].mean())) < 1e-5

@@ -5,6 +5,7 @@ from trees.node_values import (node_count, node_max, node_mean, node_min, node_s
 from trees.prefix_tree import PrefixTree, build, build_from_keys
 from trees.siblings import SiblingStats, sibling_stats
 from trees.explicit import from_forks
-from trees.children import ChildStats, child_mean_values, child_stats, end_nodes, tree_values
+from trees.children import (ChildStats, LevelStats, child_mean_values, child_stats, end_nodes,
+                            level_stats, level_to_tokens, tree_values)
 from trees.segments import segment_fill, segment_start
 from trees.render import render_text, to_dot

@@ -11,6 +11,11 @@ values. Unrolled, V(u) = Σ_g P(u → g) R_g, where P(u → g) is the probabilit
 that a walk down from u choosing a child uniformly at every node ends with
 response g; this is a weighted mean over the responses below u, computed here
 with segment sums instead of a bottom-up loop over depths.
+
+`level_stats` computes the same values and child statistics per *level*
+([G, G] tables, see `PrefixTree.level`): the node runs only change at the G − 1
+adjacent lcps, so the estimators read them per level and expand to tokens with
+one column gather (`trees.expand_levels`) instead of reducing over N = 1 + G·L nodes.
 """
 
 import flax
@@ -18,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from trees.node_values import node_mean, per_group
-from trees.prefix_tree import PrefixTree
+from trees.prefix_tree import PrefixTree, expand_levels
 
 
 @flax.struct.dataclass
@@ -120,6 +125,103 @@ def child_mean_values(tree: PrefixTree, rewards) -> jax.Array:
 
 _batched_child_stats = per_group(_child_stats, static=("ddof",))
 _batched_child_mean_values = per_group(_child_mean_values)
+
+
+@flax.struct.dataclass
+class LevelStats:
+  """Node values and child statistics per response and level. Each [..., G, G].
+
+  Entry [g, j] is about g's node at level j: the deepest node whose responses
+  are the trie-order run `run_first[g, j]..run_last[g, j]`, at the level's last
+  position (level 0: the whole group, the root or the deepest node all share;
+  g's terminal child once g has ended). Its children are the runs at level
+  j + 1 inside it (terminal children included), so `count`, `sum`, `mean`,
+  `std` equal `child_stats` at that node; the nodes of the run above it have
+  one child each and the same `value`.
+
+  Attributes:
+    value: float32, V of the node (`tree_values`).
+    count: int32, its number of children (1 for a terminal child).
+    sum, mean: float32, of its children's values.
+    std: float32, of its children's values with the requested ddof (0 where count <= ddof).
+    start: int32, the level where g's segment through level j starts: the last
+      level <= j at which g's run shrank (a branch; 0 if none).
+    parent: int32, start − 1: the level of the branch point s_b that segment
+      hangs from (−1 if g has not branched by level j).
+  """
+
+  value: jax.Array
+  count: jax.Array
+  sum: jax.Array
+  mean: jax.Array
+  std: jax.Array
+  start: jax.Array
+  parent: jax.Array
+
+
+def _level_stats(tree, rewards, value="children", ddof=0):
+  """One group's `LevelStats` from the run tables [G, G]: O(G²) work, no [G, L] pass."""
+  g, levels = tree.run_first.shape
+  rewards = jnp.asarray(rewards, jnp.float32)
+  first, size = tree.run_first, tree.run_last - tree.run_first + 1
+  column = jnp.arange(levels, dtype=jnp.int32)
+  ids = first + g * column  # one segment per (level, run)
+  run_sum = lambda x: jax.ops.segment_sum(x.reshape(-1), ids.reshape(-1),
+                                          num_segments=g * levels)[ids]
+  rank = jnp.argsort(tree.order)  # trie position of each response
+  # g heads its run at level j + 1 (after the last level every response is alone).
+  head = jnp.concatenate([first[:, 1:], rank[:, None]], axis=1) == rank[:, None]
+  count = run_sum(head.astype(jnp.float32))
+  if value == "children":
+    # V(u) = Σ_h P(u → h) R_h, log 1/P = Σ of log child counts below u on h's path.
+    log_c = jnp.log(count)
+    w = jnp.exp(-jnp.flip(jnp.cumsum(jnp.flip(log_c, 1), axis=1), 1))
+    v = run_sum(w * rewards[:, None]) / run_sum(w)
+  elif value == "leaves":
+    v = run_sum(jnp.broadcast_to(rewards[:, None], first.shape)) / size
+  else:
+    raise ValueError(f"unknown node value kind {value!r}; choose 'children' or 'leaves'.")
+  v_next = jnp.concatenate([v[:, 1:], rewards[:, None]], axis=1)  # the children's values
+  total = run_sum(jnp.where(head, v_next, 0.0))
+  mean = total / count
+  sq = run_sum(jnp.where(head, (v_next - mean) ** 2, 0.0))
+  std = jnp.sqrt(jnp.where(count > ddof, sq / jnp.maximum(count - ddof, 1.0), 0.0))
+  shrank = jnp.concatenate([jnp.zeros((g, 1), bool), size[:, 1:] < size[:, :-1]], axis=1)
+  start = jax.lax.cummax(jnp.where(shrank, column, 0), axis=1)
+  return LevelStats(value=v, count=count.astype(jnp.int32), sum=total, mean=mean, std=std,
+                    start=start, parent=start - 1)
+
+
+def level_stats(tree: PrefixTree, rewards, value: str = "children", ddof: int = 0) -> LevelStats:
+  """Node values and child statistics of every response's node at every level.
+
+  The per-level form of `tree_values` + `child_stats`: equal (up to float
+  rounding) to those node arrays read at `node[g, t]` for t at level j.
+
+  Args:
+    tree: a `PrefixTree` of [..., G, L] groups.
+    rewards: float [..., G], the responses' rewards (their terminal children's values).
+    value: 'children' or 'leaves', as in `tree_values`.
+    ddof: for `std`, as numpy's (1 = Bessel-corrected).
+
+  Returns:
+    `LevelStats`, each field [..., G, G] in input row order.
+  """
+  return _batched_level_stats(tree, rewards, value=value, ddof=ddof)
+
+
+def _level_to_tokens(tree, table):
+  return jnp.where(tree.mask, expand_levels(table, tree.level), jnp.zeros((), table.dtype))
+
+
+def level_to_tokens(tree: PrefixTree, table) -> jax.Array:
+  """Per-token values from a per-level table: out[g, t] = table[g, level[t]], 0 on
+  masked tokens. [..., G, G] -> [..., G, L], one column gather per group."""
+  return _batched_level_to_tokens(tree, table)
+
+
+_batched_level_stats = per_group(_level_stats, static=("value", "ddof"))
+_batched_level_to_tokens = per_group(_level_to_tokens)
 
 
 def tree_values(tree: PrefixTree, rewards, kind: str = "children") -> jax.Array:
