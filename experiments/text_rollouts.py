@@ -25,7 +25,7 @@ import numpy as np
 
 from envs import text as text_lib
 from envs import text_tasks
-from experiments import sampling
+from experiments import sampling, train_step
 from experiments.models import decoder, pretrained
 
 
@@ -90,7 +90,8 @@ class TextProblem:
 
   def decode(self, tokens, mask):
     """[B, G, L] samples -> (texts [B*G] without the stop token, truncated [B, G] bool)."""
-    tokens, lengths = np.asarray(tokens), np.asarray(mask).sum(-1)
+    # Every process decodes all rows (host_value gathers a multi-process array).
+    tokens, lengths = train_step.host_value(tokens), train_step.host_value(mask).sum(-1)
     stops = np.asarray(self.eos_id)
     last = np.take_along_axis(tokens, np.maximum(lengths - 1, 0)[..., None], -1)[..., 0]
     stopped = (lengths > 0) & np.isin(last, stops)
