@@ -26,6 +26,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Comma-separated "credit:sampler" runs compared by experiments/tempo.py.
   c.methods = 'grpo:iid,tempo:iid,grpo:tree_entropy,tempo:tree_entropy'
   c.progress = True  # tqdm bars
+  # Paired statistics (experiments/compare.py): each method vs GRPO on its own sampler
+  # ('<credit of baseline>:<sampler>') when that is run, else vs this method.
+  c.baseline = 'grpo:iid'
+  # Learning-rate sweep: () = off (optimizer.lr); else every method at every lr here,
+  # reported best-of-grid (mean final accuracy over seeds) and as the full grid.
+  c.lr_grid = ()
 
   c.task = ml_collections.ConfigDict(dict(name='addition', kwargs={'num_digits': 3}))
   c.model = ml_collections.ConfigDict(dict(d_model=128, num_layers=2, num_heads=4, d_ff=336))

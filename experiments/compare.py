@@ -6,10 +6,14 @@
 One SFT warm start, then every "credit:sampler" method in `config.methods` x
 every seed in `config.seeds`, on the same task and rollout budget, through the
 shared loop (`experiments/loop.py`). Layout of the workdir: sft/,
-<credit>_<sampler>/seed<k>/{metrics.jsonl, checkpoints/}, curves_vs_step.png,
-curves_vs_wall.png, summary.json. Rerunning with the same workdir resumes or
-skips finished runs. `--config.quick=True` shrinks everything to a smoke run
-(`configs.tempo.shrink`, applied after the other overrides).
+<credit>_<sampler>/seed<k>/{metrics.jsonl, checkpoints/} (<credit>_<sampler>/lr<lr>/seed<k>/
+with `config.lr_grid`), curves_vs_{step,wall,generated_tokens}.png, summary.json.
+Rerunning with the same workdir resumes or skips finished runs. `--config.quick=True`
+shrinks everything to a smoke run (`configs.tempo.shrink`, applied after the other overrides).
+
+Reported per method: final accuracy (matched steps = matched rollouts), accuracy at a
+matched generated-token budget, and paired differences over seeds against GRPO
+(`config.baseline`), see `run_experiment`; `--config.lr_grid='(1e-4,3e-4)'` sweeps lr.
 """
 
 import json
@@ -23,7 +27,7 @@ from ml_collections import config_flags
 
 from configs import lm as lm_config
 from configs import tempo as tempo_config
-from experiments import loop, plots
+from experiments import loop, plots, stats
 from experiments import train_step as ts
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
@@ -44,62 +48,223 @@ def unknown_override(argv, reference) -> str | None:
   return None
 
 
+def _run_cfg(cfg):
+  """cfg without the comparison-only fields (baseline, lr_grid): runs' fingerprints as before."""
+  out = cfg.copy_and_resolve_references()
+  with out.unlocked():
+    for field in ('baseline', 'lr_grid'):
+      if field in out:
+        del out[field]
+  return out
+
+
+def run_dir(workdir: str, method: str, seed: int, lr=None) -> str:
+  """<credit>_<sampler>/seed<k>, or <credit>_<sampler>/lr<lr>/seed<k> in an lr sweep."""
+  parts = [method.replace(':', '_')] + ([f'lr{lr:g}'] if lr is not None else []) + [f'seed{seed}']
+  return os.path.join(workdir, *parts)
+
+
+def eval_curve(rows, x_key: str = 'generated_tokens_total'):
+  """(x, greedy_acc) arrays of a run's eval rows (x of the step-0 row is 0); None if x is unlogged."""
+  pts = [(0.0 if r['step'] == 0 and x_key not in r else r.get(x_key), r['greedy_acc'])
+         for r in rows if 'greedy_acc' in r]
+  pts = [p for p in pts if p[0] is not None]
+  if len(pts) < 2:
+    return None
+  x, y = np.asarray(pts, float).T
+  return x, y
+
+
+def acc_at(rows, budget: float, x_key: str = 'generated_tokens_total') -> float:
+  """Greedy accuracy at x = budget, linear in x between eval rows; nan past the run's end."""
+  c = eval_curve(rows, x_key)
+  if c is None or not np.isfinite(budget) or budget > c[0][-1] * (1 + 1e-9):
+    return float('nan')
+  return float(np.interp(budget, *c))
+
+
+def matched_budget(rows_by_method: dict, x_key: str = 'generated_tokens_total') -> float:
+  """The largest x every run reached: min over all runs (methods x seeds) of their last x."""
+  ends = [c[0][-1] for runs in rows_by_method.values() for rows in runs
+          if (c := eval_curve(rows, x_key)) is not None]
+  return float(min(ends)) if ends else float('nan')
+
+
+def baseline_for(method: str, methods, baseline: str):
+  """GRPO on the method's own sampler if run (and not the method itself), else `baseline`;
+  None for the baseline itself or when the baseline was not run."""
+  (base_credit, _), = loop.parse_methods(baseline)
+  same = f'{base_credit}:{method.split(":")[1]}'
+  ref = same if same in methods and same != method else baseline
+  return ref if ref in methods and ref != method else None
+
+
+def paired_stats(results: dict, baseline: str, level: float = 0.95) -> dict:
+  """{method: {baseline, final_acc / acc_at_budget: {t, bootstrap}}}: paired over shared seeds."""
+  out = {}
+  for m, runs in results.items():
+    ref = baseline_for(m, list(results), baseline)
+    if ref is None:
+      continue
+    base = {r['seed']: r for r in results[ref]}
+    entry = dict(baseline=ref)
+    for key in ('final_acc', 'acc_at_budget'):
+      pairs = [(r[key], base[r['seed']][key]) for r in runs if r['seed'] in base]
+      pairs = [p for p in pairs if np.isfinite(p[0]) and np.isfinite(p[1])]
+      a, b = np.asarray(pairs, float).reshape(-1, 2).T
+      entry[key] = None if not pairs else {
+          how: stats.paired_difference(a, b, level=level, method=how) for how in stats.METHODS}
+    entry['seeds'] = [r['seed'] for r in runs if r['seed'] in base]
+    out[m] = entry
+  return out
+
+
 def run_experiment(cfg, workdir: str) -> dict:
-  """SFT once, then every method x seed; writes plots + summary.json; returns the summary."""
+  """SFT once, then every method x seed (x lr in cfg.lr_grid); writes plots + summary.json;
+  returns the summary.
+
+  Besides final (matched-steps, i.e. matched-rollouts) accuracy, every method is read at
+  a matched generated-token budget (`matched_budget`, `acc_at`), and compared with its
+  GRPO baseline (`baseline_for`) by paired differences over seeds (`experiments.stats`:
+  95 % paired t interval printed, percentile bootstrap also in summary.json). With an lr
+  grid each method's reported runs are its best lr by mean final accuracy over seeds
+  (chosen on the same held-out set it is reported on, so optimistic for every method alike).
+  """
   if cfg.quick:
     (lm_config if loop.is_text(cfg) else tempo_config).shrink(cfg)
   loop.check_config(cfg)
   methods = [f'{c}:{s}' for c, s in loop.parse_methods(cfg.methods)]
+  baseline = cfg.get('baseline', 'grpo:iid')
+  baseline = '{}:{}'.format(*loop.parse_methods(baseline)[0])  # validated, 'grpo' -> 'grpo:iid'
+  grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
+  if len({f'{lr:g}' for lr in grid}) != len(grid):
+    raise ValueError(f'lr_grid {tuple(grid)} has repeated values (as lr<lr:g> directories)')
+  run_cfg = _run_cfg(cfg)
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
   if loop.is_text(cfg):  # a pretrained (instruct) model is the starting point
-    params0, sft_info = loop.pretrained_start(cfg)
+    params0, sft_info = loop.pretrained_start(run_cfg)
   else:
-    params0, sft_info = loop.sft(cfg, os.path.join(workdir, 'sft'))
+    params0, sft_info = loop.sft(run_cfg, os.path.join(workdir, 'sft'))
   print(f'{"Start" if loop.is_text(cfg) else "SFT warm start"}: greedy acc {sft_info["greedy_acc"]:.3f}, '
         f'pass@{cfg.eval.pass_k} {sft_info[f"pass@{cfg.eval.pass_k}"]:.3f} '
         f'({sft_info["wall_s"]:.1f} s)', flush=True)
-  results, rows = {}, {}
+  cells = {}  # (method, lr or None) -> ([run summaries], [metric rows])
   for method in methods:
     g = loop.group_size(loop.with_method(cfg, method).sampler)
-    for seed in cfg.seeds:
-      d = os.path.join(workdir, method.replace(':', '_'), f'seed{seed}')
-      s = loop.train(cfg, d, params0, method=method, seed=seed)
-      s.pop('params', None)
-      s['group_size'] = g
-      results.setdefault(method, []).append(s)
-      rows.setdefault(method, []).append(loop.read_metrics(os.path.join(d, 'metrics.jsonl')))
-      print(f'  {method:>20s} seed {seed}: final acc {s["final_acc"]:.3f} '
-            f'(peak {s["peak_acc"]:.3f}), {s["wall_s"]:.1f} s', flush=True)
-  paths = plots.plot_runs(rows, workdir, title=(
+    for lr in grid or [None]:
+      c = run_cfg
+      if lr is not None:
+        c = run_cfg.copy_and_resolve_references()
+        c.optimizer.lr = lr
+      for seed in cfg.seeds:
+        d = run_dir(workdir, method, seed, lr)
+        s = loop.train(c, d, params0, method=method, seed=seed)
+        s.pop('params', None)
+        rows = loop.read_metrics(os.path.join(d, 'metrics.jsonl'))
+        s.update(group_size=g, seed=seed, lr=c.optimizer.lr, generated_tokens_total=(
+            rows[-1].get('generated_tokens_total', float('nan')) if rows else float('nan')))
+        runs, rws = cells.setdefault((method, lr), ([], []))
+        runs.append(s)
+        rws.append(rows)
+        print(f'  {method:>20s}{f" lr {lr:g}" if lr is not None else ""} seed {seed}: final acc '
+              f'{s["final_acc"]:.3f} (peak {s["peak_acc"]:.3f}), {s["wall_s"]:.1f} s', flush=True)
+  lr_summary, best = None, {m: None for m in methods}
+  if grid:
+    score = lambda m, lr: np.nan_to_num(np.mean([r['final_acc'] for r in cells[m, lr][0]]),
+                                        nan=-np.inf)
+    best = {m: max(grid, key=lambda lr: score(m, lr)) for m in methods}  # ties: first in grid
+    lr_summary = dict(grid=grid, selected_by='mean final greedy_acc over seeds', best=best, runs={
+        m: {f'{lr:g}': dict(final_acc_mean=float(np.mean(a := [r['final_acc'] for r in cells[m, lr][0]])),
+                            final_acc_std=float(np.std(a)), final_acc=a)
+            for lr in grid} for m in methods})
+  results = {m: cells[m, best[m]][0] for m in methods}
+  rows = {m: cells[m, best[m]][1] for m in methods}
+  budget = matched_budget(rows)
+  for m in methods:
+    for s, rws in zip(results[m], rows[m]):
+      s['acc_at_budget'] = acc_at(rws, budget)
+  label = lambda m: m if best[m] is None else f'{m} lr={best[m]:g}'
+  paths = plots.plot_runs({label(m): rows[m] for m in methods}, workdir, title=(
       f'{cfg.task.name} {dict(cfg.task.kwargs)}: {cfg.rl.steps} steps x '
-      f'{cfg.rl.prompts_per_step} prompts, seeds {tuple(cfg.seeds)}'))
+      f'{cfg.rl.prompts_per_step} prompts, seeds {tuple(cfg.seeds)}'
+      f'{", best lr of " + str(tuple(grid)) if grid else ""}'))
+  matched = dict(
+      budget_generated_tokens=budget,
+      definition='greedy_acc interpolated linearly in cumulative generated tokens (forks\' '
+                 'copied prefixes excluded) at the largest budget every run reached',
+      acc={m: dict(mean=float(np.mean(a := [s['acc_at_budget'] for s in results[m]])),
+                   std=float(np.std(a)), per_seed=a) for m in methods})
   summary = dict(sft=sft_info, methods=results, total_wall_s=time.time() - t0, plots=paths,
                  task=cfg.task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
-                                                   results[m][0]['group_size'] for m in results})
+                                                   results[m][0]['group_size'] for m in results},
+                 matched_tokens=matched, lr_grid=lr_summary,
+                 paired=dict(baseline=baseline, level=0.95, printed='t', intervals=(
+                     't: mean ± t_{n-1,0.975} sd/sqrt(n); bootstrap: 2.5/97.5 % percentiles of '
+                     '10,000 resampled mean differences (seed 0); n = 1: nan ends'),
+                     by_method=paired_stats(results, baseline)))
   with open(os.path.join(workdir, 'summary.json'), 'w') as f:
     json.dump(summary, f, indent=1)
   print(format_table(summary, cfg.eval.pass_k))
   return summary
 
 
+def _ci(st) -> str:
+  """'+0.012 [-0.030, +0.054]' from a stats.paired_difference dict (or '-')."""
+  if st is None:
+    return '-'
+  return f'{st["mean"]:+.3f} [{st["lo"]:+.3f}, {st["hi"]:+.3f}]'
+
+
 def format_table(summary, pass_k) -> str:
   ms = lambda xs: f'{np.mean(xs):.3f}±{np.std(xs):.3f}'
-  head = (f'{"method":>26} {"G":>3} {"rollouts":>8} {"final acc":>12} {"peak acc":>12} '
+  matched = summary.get('matched_tokens') or {}
+  budget = matched.get('budget_generated_tokens', float('nan'))
+  at = f'acc@{budget / 1e3:.1f}k tok' if np.isfinite(budget) else 'acc@tok'
+  head = (f'{"method":>26} {"G":>3} {"rollouts":>8} {"gen tok":>9} {"final acc":>12} '
+          f'{at:>15} {"peak acc":>12} '
           f'{"pass@" + str(pass_k):>12} {"reward":>12} {"wall s":>8} {"samp tok/s":>10} '
           f'{"train tok/s":>11} {"credit %":>8}')
+  grid = summary.get('lr_grid')
+  name = lambda m: m if not grid else f'{m} lr={grid["best"][m]:g}'
+  w = max([26] + [len(name(m)) for m in summary['methods']])
+  head = f'{"method":>{w}}' + head[26:]
   lines = [head, '-' * len(head)]
   for m, runs in summary['methods'].items():
-    get = lambda k: [r[k] for r in runs]
+    get = lambda k: [r.get(k, float('nan')) for r in runs]
     lines.append(
-        f'{m:>26} {runs[0]["group_size"]:>3} {summary["rollouts_per_run"][m]:>8} '
-        f'{ms(get("final_acc")):>12} {ms(get("peak_acc")):>12} {ms(get("final_pass")):>12} '
+        f'{name(m):>{w}} {runs[0]["group_size"]:>3} {summary["rollouts_per_run"][m]:>8} '
+        f'{np.mean(get("generated_tokens_total")):>9.0f} '
+        f'{ms(get("final_acc")):>12} {ms(get("acc_at_budget")):>15} {ms(get("peak_acc")):>12} '
+        f'{ms(get("final_pass")):>12} '
         f'{ms(get("final_reward")):>12} {np.mean(get("wall_s")):>8.1f} '
         f'{np.mean(get("sampled_tokens_per_s")):>10.0f} {np.mean(get("train_tokens_per_s")):>11.0f} '
         f'{100 * np.mean(get("credit_frac")):>8.2f}')
   sft = summary['sft']
   lines.append(f'(mean±std over {len(next(iter(summary["methods"].values())))} seeds; '
-               f'{"start" if "source" in sft else "SFT start"}: acc {sft["greedy_acc"]:.3f}; total {summary["total_wall_s"]:.0f} s)')
+               f'{"start" if "source" in sft else "SFT start"}: acc {sft["greedy_acc"]:.3f}; total {summary["total_wall_s"]:.0f} s; '
+               f'gen tok: generated tokens per run, forks\' copied prefixes excluded; '
+               f'{at}: at the largest generated-token budget every run reached)')
+  paired = summary.get('paired')
+  if paired and paired.get('by_method'):
+    lines.append(f'\nPaired differences vs baseline over seeds: mean [{100 * paired["level"]:.0f} % paired-t '
+                 f'interval] (bootstrap percentile intervals in summary.json)')
+    sub = f'{"method":>26} {"baseline":>20} {"n":>2} {"Δ final acc":>26} {"Δ " + at:>26}'
+    lines += [sub, '-' * len(sub)]
+    for m, e in paired['by_method'].items():
+      pick = lambda k: None if e.get(k) is None else e[k][paired.get('printed', 't')]
+      n = (pick('final_acc') or {}).get('n', 0)
+      lines.append(f'{m:>26} {e["baseline"]:>20} {n:>2} {_ci(pick("final_acc")):>26} '
+                   f'{_ci(pick("acc_at_budget")):>26}')
+  if grid:
+    lines.append(f'\nLearning-rate grid: final acc mean±std over seeds (best by {grid["selected_by"]} marked *)')
+    sub = f'{"method":>26} ' + ' '.join(f'{"lr " + f"{lr:g}":>13}' for lr in grid['grid'])
+    lines += [sub, '-' * len(sub)]
+    for m, cells in grid['runs'].items():
+      cell = lambda lr, c: (('*' if lr == grid['best'][m] else '') +
+                            f'{c["final_acc_mean"]:.3f}±{c["final_acc_std"]:.3f}')
+      lines.append(f'{m:>26} ' + ' '.join(f'{cell(lr, c):>13}'
+                                          for lr, c in zip(grid['grid'], cells.values())))
   return '\n'.join(lines)
 
 

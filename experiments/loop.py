@@ -520,6 +520,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   state = ts.shard_state(state, mesh)
   ref_params = init_params
   writer = MetricsWriter(os.path.join(workdir, 'metrics.jsonl'), start if restored else None)
+  gen_total = max([r.get('generated_tokens_total', 0.0) for r in read_metrics(writer.path)] + [0.0]
+                  ) if restored is not None and os.path.exists(writer.path) else 0.0
   scfg, b = cfg.sampler, cfg.rl.prompts_per_step
   est = credit_fn(cfg.credit.name, json.dumps(cfg.credit.hparams.to_dict()
                                               if hasattr(cfg.credit.hparams, 'to_dict')
@@ -589,8 +591,12 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       m = {k_: float(v) for k_, v in m.items()}
       t4 = time.perf_counter()
       ntok = float(jnp.sum(samples.mask))
+      gen = ntok - float(jnp.sum(jnp.where(samples.parent >= 0, jnp.minimum(  # forks' copied
+          samples.fork, samples.lengths), 0)))  # prefixes are not generated; i.i.d.: fork 0
+      gen_total += gen
       r = ts.host_value(rewards)  # all rows, on every process
       row = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
+                 generated_tokens=gen, generated_tokens_total=gen_total,
                  reward=float(r.mean()), frac_groups_with_signal=float(np.mean(r.max(-1) > r.min(-1))),
                  response_len=ntok / r.size, **m,
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,

@@ -1,4 +1,5 @@
-"""PNG curves of reward and greedy accuracy vs step and vs wall-clock, one line per method."""
+"""PNG curves of reward and greedy accuracy vs step, vs wall-clock and vs generated tokens
+(cumulative decoded tokens, forks' copied prefixes excluded), one line per method."""
 
 import os
 
@@ -10,10 +11,15 @@ import numpy as np  # noqa: E402
 
 
 def _series(runs, x_key, y_key):
-  """Mean (and std) over seeds of y on the union of x grid of the runs' rows having y."""
+  """Mean (and std) over seeds of y, and mean x, at the steps of the runs' rows having y.
+
+  x of the step-0 row (the starting policy) is 0 when the row lacks it; other rows lacking
+  x (runs logged before the field existed) are left out.
+  """
   curves = []
   for rows in runs:
-    pts = [(r['step'], r[x_key], r[y_key]) for r in rows if y_key in r]
+    x = lambda r: r.get(x_key, 0.0 if r['step'] == 0 else None)
+    pts = [(r['step'], x(r), r[y_key]) for r in rows if y_key in r and x(r) is not None]
     if pts:
       curves.append(np.asarray(pts, float))
   if not curves:
@@ -27,7 +33,9 @@ def plot_runs(runs_by_method: dict, workdir: str, title: str = '') -> list[str]:
   """runs_by_method: {method: [rows of seed 0, rows of seed 1, ...]} -> written PNG paths."""
   paths = []
   for x_key, fname, xlabel in (('step', 'curves_vs_step.png', 'RL step'),
-                               ('wall_s', 'curves_vs_wall.png', 'wall-clock (s)')):
+                               ('wall_s', 'curves_vs_wall.png', 'wall-clock (s)'),
+                               ('generated_tokens_total', 'curves_vs_generated_tokens.png',
+                                'generated tokens (cumulative)')):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (y_key, ylabel) in zip(axes, (('reward', 'mean rollout reward'),
                                           ('greedy_acc', 'greedy accuracy (held-out)'))):
@@ -42,7 +50,8 @@ def plot_runs(runs_by_method: dict, workdir: str, title: str = '') -> list[str]:
       ax.set_xlabel(xlabel)
       ax.set_ylabel(ylabel)
       ax.grid(alpha=0.3)
-      ax.legend(fontsize=8)
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     if title:
       fig.suptitle(title)
     fig.tight_layout()

@@ -182,3 +182,87 @@ def test_fingerprint_ignores_the_sampler_fields_a_run_does_not_read():
   assert fp(a, 'grpo:tree_fixed') != fp(b, 'grpo:tree_fixed')
   assert fp(a, 'grpo:iid') != fp(a, 'tempo:iid')
   assert loop.fingerprint(loop.run_config(a, 0))[0] != loop.fingerprint(loop.run_config(a, 1))[0]
+
+
+def test_quick_comparison_reports_matched_tokens_and_paired_intervals(tmp_path):
+  """2 methods x 2 seeds on one tree sampler (shared compiled programs): generated tokens
+  in the rows, accuracy at a matched generated-token budget, paired intervals vs GRPO."""
+  from experiments import compare
+  cfg = quick_cfg()
+  cfg.seeds = (0, 1)
+  cfg.methods = 'grpo:tree_entropy,tempo:tree_entropy'
+  cfg.rl.steps, cfg.eval.num_prompts, cfg.train.packing = 2, 16, 'none'  # fewer compiles
+  compare.run_experiment(cfg, str(tmp_path))
+  ends = []
+  for m in ('grpo_tree_entropy', 'tempo_tree_entropy'):
+    for seed in (0, 1):
+      rows = loop.read_metrics(tmp_path / m / f'seed{seed}' / 'metrics.jsonl')
+      gen = [r['generated_tokens'] for r in rows[1:]]
+      sampled = [r['response_len'] * cfg.rl.prompts_per_step * 4 for r in rows[1:]]
+      assert all(0 < g < s for g, s in zip(gen, sampled))  # forks' copied prefixes excluded
+      assert [r['generated_tokens_total'] for r in rows[1:]] == pytest.approx(np.cumsum(gen))
+      ends.append(rows[-1]['generated_tokens_total'])
+  saved = json.load(open(tmp_path / 'summary.json'))
+  matched = saved['matched_tokens']
+  assert matched['budget_generated_tokens'] == min(ends)
+  for m in ('grpo:tree_entropy', 'tempo:tree_entropy'):
+    assert len(matched['acc'][m]['per_seed']) == 2
+    assert all(0 <= r['acc_at_budget'] <= 1 for r in saved['methods'][m])
+  paired = saved['paired']['by_method']
+  assert set(paired) == {'tempo:tree_entropy'}  # vs GRPO on the same sampler
+  e = paired['tempo:tree_entropy']
+  assert e['baseline'] == 'grpo:tree_entropy' and e['seeds'] == [0, 1]
+  for key in ('final_acc', 'acc_at_budget'):
+    for how in ('t', 'bootstrap'):
+      st = e[key][how]
+      assert st['n'] == 2 and st['method'] == how and st['lo'] <= st['mean'] <= st['hi']
+  assert (tmp_path / 'curves_vs_generated_tokens.png').stat().st_size > 0
+  assert (tmp_path / 'curves_vs_wall.png').stat().st_size > 0
+  table = compare.format_table(saved, cfg.eval.pass_k)
+  assert 'acc@' in table and 'paired-t' in table and 'grpo:tree_entropy' in table
+  # Baselines: GRPO on the method's own sampler, else config.baseline, never itself.
+  ms = ['grpo:iid', 'tempo:iid', 'grpo:tree_entropy', 'tempo:tree_entropy', 'spo_tree:tree_fixed']
+  assert [compare.baseline_for(m, ms, 'grpo:iid') for m in ms] == [
+      None, 'grpo:iid', 'grpo:iid', 'grpo:tree_entropy', 'grpo:iid']
+  assert compare.baseline_for('tempo:iid', ['tempo:iid'], 'grpo:iid') is None
+
+
+def test_lr_grid_layout_and_best_of_grid(tmp_path, monkeypatch):
+  """lr sweep bookkeeping with a stand-in for loop.sft / loop.train (no training)."""
+  from experiments import compare
+  cfg = quick_cfg()
+  cfg.seeds = (0, 1)
+  cfg.methods = 'grpo:iid,tempo:iid'
+  cfg.lr_grid = (1e-4, 3e-4)
+  acc = {('grpo:iid', 1e-4): 0.2, ('grpo:iid', 3e-4): 0.4, ('tempo:iid', 1e-4): 0.5,
+         ('tempo:iid', 3e-4): 0.3}
+  seen = []
+
+  def fake_train(c, d, params, method, seed):
+    assert 'lr_grid' not in c and 'baseline' not in c  # not part of a run's fingerprint
+    seen.append((method, c.optimizer.lr, seed, os.path.relpath(d, tmp_path)))
+    a = acc[method, c.optimizer.lr] + 0.01 * seed
+    rows = [dict(step=0, wall_s=0.0, greedy_acc=0.0),
+            dict(step=2, wall_s=1.0, generated_tokens_total=100.0 * (1 + seed), greedy_acc=a)]
+    os.makedirs(d)
+    with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in rows)
+    return dict(loop.summarize(rows, cfg.eval.pass_k), sampled_tokens_per_s=1.0,
+                train_tokens_per_s=1.0, credit_frac=0.0)
+
+  monkeypatch.setattr(loop, 'sft', lambda c, d: (None, dict(greedy_acc=0.0, wall_s=0.0,
+                                                            **{f'pass@{cfg.eval.pass_k}': 0.0})))
+  monkeypatch.setattr(loop, 'train', fake_train)
+  summary = compare.run_experiment(cfg, str(tmp_path))
+  assert ('tempo:iid', 3e-4, 1, os.path.join('tempo_iid', 'lr0.0003', 'seed1')) in seen
+  assert len(seen) == 8
+  grid = summary['lr_grid']
+  assert grid['best'] == {'grpo:iid': 3e-4, 'tempo:iid': 1e-4}
+  assert grid['runs']['grpo:iid']['0.0001']['final_acc'] == pytest.approx([0.2, 0.21])
+  assert [r['final_acc'] for r in summary['methods']['tempo:iid']] == pytest.approx([0.5, 0.51])
+  # Budget 100 tokens (seed 0's end): seed 1 is interpolated halfway from step 0.
+  assert summary['matched_tokens']['budget_generated_tokens'] == 100.0
+  assert [r['acc_at_budget'] for r in summary['methods']['grpo:iid']] == pytest.approx([0.4, 0.205])
+  t = summary['paired']['by_method']['tempo:iid']['final_acc']['t']
+  assert t['mean'] == pytest.approx(0.1) and t['lo'] == pytest.approx(0.1)  # same diff per seed
+  assert 'lr=0.0001' in compare.format_table(summary, cfg.eval.pass_k)
