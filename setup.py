@@ -26,5 +26,12 @@ setup(
         "reasoning-gym>=0.1.25",
         "qwix>=0.1.8",
     ],
-    extras_require={"test": ["pytest>=8.0", "hypothesis>=6.100"]},
+    extras_require={
+        "test": ["pytest>=8.0", "hypothesis>=6.100",
+                 # tests/test_notebook.py executes experiments/trees_notebook.ipynb.
+                 "nbclient>=0.11.0", "nbformat>=5.11.1", "ipykernel>=7.4.0",
+                 "treescope>=0.1.10"],
+        # Optional, not required: `pip install graphviz` (>= 0.21 tested) and Graphviz's
+        # `dot` binary make the notebook draw its tree; without them it prints the DOT source.
+    },
 )
