@@ -4,11 +4,12 @@
 """
 
 # Importing the modules registers their estimators.
-from credit import (frpo, outcome, pure, returns, siblings, spo, tempo, tree_grpo,  # noqa: F401
+from credit import (agents, frpo, outcome, pure, returns, siblings, spo, tempo, tree_grpo,  # noqa: F401
                     treepo, treerl)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
 from credit.registry import get, loss_mask, names, needs, register
 from credit.returns import (discounted_returns, gae_advantages, outcome_token_rewards,
                             reverse_linear_scan, td_lambda_returns)
 from credit.rollouts import Rollouts, tree_of
+from credit.turns import Turns, turn_to_tokens, validate_turns
 from credit.validate import validate

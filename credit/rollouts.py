@@ -6,6 +6,7 @@ import flax
 import jax
 
 import trees
+from credit.turns import Turns
 from trees import PrefixTree
 
 
@@ -24,6 +25,10 @@ class Rollouts:
     values: float32 [..., G, L] critic values V(s_t) before each token, or None.
     tree: the group's `trees.PrefixTree` when the sampler built an explicit tree
       (`trees.from_forks`); None means "the prefix tree of the tokens".
+    step_ends: bool [..., G, L], True on the tokens that close a reasoning step (where
+      a process verifier puts its `token_rewards`), or None.
+    turns: the turn structure of multi-turn trajectories (`credit.turns.Turns`: state
+      ids, per-turn rewards, each token's turn), or None for single-turn responses.
   """
 
   tokens: jax.Array
@@ -35,6 +40,8 @@ class Rollouts:
   token_rewards: Optional[jax.Array] = None
   values: Optional[jax.Array] = None
   tree: Optional[PrefixTree] = None
+  step_ends: Optional[jax.Array] = None
+  turns: Optional[Turns] = None
 
   @property
   def group_size(self) -> int:

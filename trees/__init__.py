@@ -9,3 +9,5 @@ from trees.children import (ChildStats, LevelStats, child_mean_values, child_sta
                             level_stats, level_to_tokens, tree_values)
 from trees.segments import segment_fill, segment_start
 from trees.render import render_text, to_dot
+from trees.step_graph import (StepGraph, build_group, build_step_graph, discounted_turn_returns,
+                              gather_nodes, map_groups, unique_ids)

@@ -1,0 +1,197 @@
+"""Turn structure of multi-turn (agent) rollouts: which state each turn starts from,
+its reward, and which tokens belong to it.
+
+A group is G trajectories of up to K turns; trajectory g takes n_g turns, a run
+from turn 0 (n_g = 0 is allowed). Its tokens [..., G, L] are the concatenated
+turns (prompt and observation tokens interleaved); `token_turn` says which
+turn every trained token belongs to. Turn-level estimators (`credit.agents`)
+return advantages [..., G, K] and `turn_to_tokens` spreads them over tokens.
+"""
+
+from typing import Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from trees.step_graph import StepGraph, build_step_graph, discounted_turn_returns
+
+
+@flax.struct.dataclass
+class Turns:
+  """Turns of G trajectories per group, any leading dims.
+
+  Attributes:
+    state_ids: int32 [..., G, K+1], a canonical id (e.g. a hash) of the state at
+      the start of turn k (its anchor observation); index n_g, and by convention
+      every later index, is the state after the last turn. Only equality within
+      a group matters; indices past n_g are never read.
+    rewards: float32 [..., G, K] per-turn rewards (for outcome-only tasks, the
+      outcome reward on the last turn and 0 elsewhere); read on taken turns only.
+    turn_mask: bool [..., G, K], True on the turns that were taken (a run from 0).
+    token_turn: int32 [..., G, L], the turn of every token, -1 on tokens that are
+      not trained (prompt, observations); None if only turn-level credit is wanted.
+    success: bool [..., G], the episode reached a success state, or None.
+  """
+
+  state_ids: jax.Array
+  rewards: jax.Array
+  turn_mask: jax.Array
+  token_turn: Optional[jax.Array] = None
+  success: Optional[jax.Array] = None
+
+  @property
+  def group_size(self) -> int:
+    return self.turn_mask.shape[-2]
+
+  @property
+  def num_turns(self) -> int:
+    """K, the static maximum number of turns."""
+    return self.turn_mask.shape[-1]
+
+  @property
+  def batch_shape(self) -> tuple:
+    return tuple(self.turn_mask.shape[:-2])
+
+  @property
+  def lengths(self) -> jax.Array:
+    """int32 [..., G]: n_g, the number of turns taken."""
+    return jnp.sum(self.turn_mask, axis=-1, dtype=jnp.int32)
+
+
+def turn_to_tokens(turn_values, token_turn):
+  """turn_values[..., g, token_turn[..., g, t]] at every token; 0 where token_turn < 0.
+
+  float [..., G, K], int [..., G, L] -> float32 [..., G, L].
+  """
+  turn_values = jnp.asarray(turn_values, jnp.float32)
+  token_turn = jnp.asarray(token_turn)
+  k = turn_values.shape[-1]
+  picked = jnp.take_along_axis(turn_values, jnp.clip(token_turn, 0, k - 1), axis=-1)
+  return jnp.where(token_turn >= 0, picked, 0.0)
+
+
+def discounted_returns(rewards, turn_mask, gamma: float):
+  """G_k = Σ_{j≥k} γ^{j−k} r_j over taken turns [..., G, K]; 0 on untaken turns."""
+  return discounted_turn_returns(rewards, jnp.asarray(turn_mask, bool), gamma)
+
+
+def episode_returns(rewards, turn_mask):
+  """float32 [..., G]: the undiscounted sum of each trajectory's turn rewards."""
+  return jnp.sum(jnp.where(turn_mask, jnp.asarray(rewards, jnp.float32), 0.0), axis=-1)
+
+
+def step_graph(turns: Turns, gamma: float = 1.0) -> StepGraph:
+  """`trees.build_step_graph` of the turns' states, rewards and success flags."""
+  check_turn_shapes(turns)
+  return build_step_graph(turns.state_ids, turns.rewards, turns.turn_mask, turns.success, gamma)
+
+
+def _array(x):
+  return x if isinstance(x, jax.Array) else np.asarray(x)
+
+
+def _concrete(*xs):
+  return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def check_turn_shapes(turns: Turns):
+  """Static checks only (shapes and dtypes; fine under jit). Raises ValueError."""
+  state_ids, rewards, turn_mask = map(_array, (turns.state_ids, turns.rewards, turns.turn_mask))
+  if turn_mask.ndim < 2:
+    raise ValueError(f"turn_mask must be [..., G, K]; got shape {turn_mask.shape}.")
+  *batch, g, k = turn_mask.shape
+  if g < 1 or k < 1:
+    raise ValueError(f"turns need G >= 1 trajectories and K >= 1 turns; got turn_mask "
+                     f"of shape {turn_mask.shape}.")
+  if turn_mask.dtype != jnp.bool_:
+    raise ValueError(f"turn_mask must be boolean; got dtype {turn_mask.dtype}.")
+  if state_ids.shape != (*batch, g, k + 1):
+    raise ValueError(f"state_ids must be [..., G, K+1] = {(*batch, g, k + 1)} (one more state "
+                     f"than turns); got {state_ids.shape}.")
+  if not jnp.issubdtype(state_ids.dtype, jnp.integer):
+    raise ValueError(f"state_ids must be integers (e.g. int32 hashes); got dtype "
+                     f"{state_ids.dtype}.")
+  if rewards.shape != turn_mask.shape:
+    raise ValueError(f"rewards must be [..., G, K] = {turn_mask.shape}; got {rewards.shape}.")
+  if not (jnp.issubdtype(rewards.dtype, jnp.floating) or jnp.issubdtype(rewards.dtype,
+                                                                        jnp.integer)):
+    raise ValueError(f"rewards must be real numbers; got dtype {rewards.dtype}.")
+  if turns.success is not None:
+    success = _array(turns.success)
+    if success.shape != (*batch, g):
+      raise ValueError(f"success must be [..., G] = {(*batch, g)}; got {success.shape}.")
+    if success.dtype != jnp.bool_:
+      raise ValueError(f"success must be boolean; got dtype {success.dtype}.")
+  if turns.token_turn is not None:
+    token_turn = _array(turns.token_turn)
+    if token_turn.ndim != turn_mask.ndim or token_turn.shape[:-1] != (*batch, g):
+      raise ValueError(f"token_turn must be [..., G, L] with [..., G] = {(*batch, g)}; got "
+                       f"{token_turn.shape}.")
+    if not jnp.issubdtype(token_turn.dtype, jnp.integer):
+      raise ValueError(f"token_turn must be integers; got dtype {token_turn.dtype}.")
+
+
+def validate_turns(turns: Turns, rollouts=None) -> Turns:
+  """Raises ValueError on malformed turns; returns them unchanged otherwise.
+
+  Checks shapes and dtypes (`check_turn_shapes`) and, when the values are
+  concrete: state_ids fit in int32; rewards finite (float32) on taken turns;
+  turn_mask a run from turn 0; token_turn in [-1, K) and only pointing at
+  taken turns. With `rollouts`
+  (a `credit.Rollouts`), token_turn must have the tokens' shape and be -1 on
+  masked tokens.
+  """
+  check_turn_shapes(turns)
+  mask = _array(turns.turn_mask)
+  rewards = _array(turns.rewards)
+  state_ids = _array(turns.state_ids)
+  if _concrete(state_ids) and np.asarray(state_ids).dtype.itemsize > 4:
+    info = np.iinfo(np.int32)
+    if np.any((np.asarray(state_ids) < info.min) | (np.asarray(state_ids) > info.max)):
+      raise ValueError("state_ids must fit in int32 (they are compared as int32); hash them "
+                       "to 32 bits first.")
+  if _concrete(mask, rewards):
+    mask = np.asarray(mask)
+    with np.errstate(over="ignore"):
+      r = np.asarray(rewards, np.float32)
+    bad = mask & ~np.isfinite(r)
+    if np.any(bad):
+      where = tuple(int(i) for i in np.argwhere(bad)[0])
+      raise ValueError(f"rewards must be finite (in float32) on taken turns; "
+                       f"rewards{list(where)} = {np.asarray(rewards)[where]}.")
+    later = mask[..., 1:] & ~mask[..., :-1]
+    if np.any(later):
+      where = tuple(int(i) for i in np.argwhere(later)[0])
+      raise ValueError(f"turn_mask must be a run from turn 0 (taken turns first); trajectory "
+                       f"{list(where[:-1])} takes turn {where[-1] + 1} but not turn {where[-1]}.")
+  if turns.token_turn is None:
+    if rollouts is not None:
+      raise ValueError("token_turn is None: the turns cannot be matched to the rollouts' tokens.")
+    return turns
+  token_turn = _array(turns.token_turn)
+  k = mask.shape[-1]
+  if rollouts is not None and token_turn.shape != np.shape(rollouts.mask):
+    raise ValueError(f"token_turn must have the tokens' shape {np.shape(rollouts.mask)}; got "
+                     f"{token_turn.shape}.")
+  if _concrete(token_turn, mask):
+    tt = np.asarray(token_turn)
+    out = (tt < -1) | (tt >= k)
+    if np.any(out):
+      where = tuple(int(i) for i in np.argwhere(out)[0])
+      raise ValueError(f"token_turn must be in [-1, K) = [-1, {k}); token_turn{list(where)} = "
+                       f"{tt[where]}.")
+    taken = np.take_along_axis(np.asarray(mask), np.clip(tt, 0, k - 1), axis=-1)
+    untaken = (tt >= 0) & ~taken
+    if np.any(untaken):
+      where = tuple(int(i) for i in np.argwhere(untaken)[0])
+      raise ValueError(f"token_turn{list(where)} = {tt[where]} points at a turn that was not "
+                       f"taken (turn_mask is False there).")
+    if rollouts is not None and _concrete(rollouts.mask):
+      stray = (tt >= 0) & ~np.asarray(rollouts.mask)
+      if np.any(stray):
+        where = tuple(int(i) for i in np.argwhere(stray)[0])
+        raise ValueError(f"token_turn{list(where)} = {tt[where]} assigns a masked token "
+                         f"(rollouts.mask is False there) to a turn; use -1.")
+  return turns

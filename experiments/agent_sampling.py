@@ -1,0 +1,405 @@
+"""Multi-turn agent sampling (jitted): a decoder policy playing an `envs.multiturn.MultiTurnEnv`.
+
+`sample_episodes` runs B start states (`env.reset`), each repeated G times (a
+group: G trajectories from the same start state), for K turns inside one jit.
+A turn: the policy samples up to A action tokens one at a time with the KV
+cache, stopping after `env.eoa_id` (a `lax.scan` over the A tokens); `env.step`
+answers; the new observation enters the cache as one teacher-forced chunk at
+the start of the next turn (the first observation at turn 0: no separate
+prefill, so the turn body holds the only two decoder calls; the price is that
+the first observation runs once per row instead of once per group). Turns are a `lax.scan` over k = 0 .. K-1; finished episodes keep
+running on padding (static shapes). `fork_episodes` samples N chains per start
+state and, at turn boundary k, forks each into C continuations by copying env
+state and KV cache (tree sampling over turns).
+
+Layout. A trajectory is ONE token sequence of static length T = O + K (A + O):
+the initial observation [0, O), then for turn k an action slot
+[O + k(A+O), O + k(A+O) + A) and an observation slot of O tokens right after it
+(`slot_layout`). Choice: the initial observation is part of `tokens` (with
+policy_mask False), not a separate prompt, so `tokens` is exactly the context
+the policy was sampled with and `teacher_forced_logprobs` (one causal forward
+over `tokens`) reproduces the sampling log-probs. Slots keep their static
+places, so the context contains `env.pad_id` padding: action tokens after the
+first EOA, observation tokens outside the env's obs_mask, and every slot of the
+turns after the episode ended. The policy attends to those pads (the decoder
+has no key mask); they are never trained (policy_mask False).
+
+Randomness: `env.reset(fold_in(key, 0), B)`. Token t of turn k of node j in
+group b is drawn by inverse CDF (`select_tokens`) with
+u = uniform(fold_in(fold_in(fold_in(key, 1), b), j), (K A,))[k A + t]
+(`sampling.response_uniforms`), so a trajectory does not depend on the batch
+layout. `sample_episodes`: node j = g. `fork_episodes`: chain n is node n (so
+the chains equal `sample_episodes` with G = N) and fork c >= 1 of chain n is
+node N + n (C - 1) + c - 1, whose turns before the fork are copied. Stochastic
+environments keep their random stream in the state, so forks copying the state
+share it (for `ExactMDP` the same action at the same turn gives the same
+transition). Log-probs are under the untempered policy (temperature 1), as in
+`experiments.sampling`; temperature (traced; 0 = greedy) is the only sampling
+setting (no top-k / top-p).
+"""
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+import credit
+from credit.turns import episode_returns
+from experiments import sampling
+from experiments.models import decoder
+
+
+@struct.dataclass
+class Episodes:
+  """Sampled multi-turn trajectories [B, G, ...] (layout in the module docstring).
+
+  Attributes:
+    tokens: int32 [B, G, T], the whole trajectory (observations, actions, padding).
+    policy_mask: bool [B, G, T], True on generated action tokens (EOA included).
+    obs_mask: bool [B, G, T], True on observation tokens (the env's obs_mask; only
+      the initial observation and the observations returned by taken turns).
+    token_turn: int32 [B, G, T], the turn of every policy token, -1 elsewhere.
+    logprobs: float32 [B, G, T], untempered sampling log-probs of policy tokens, 0
+      elsewhere.
+    turn_rewards: float32 [B, G, K], the env's reward per turn (0 on untaken turns).
+    turn_mask: bool [B, G, K], True on taken turns (the episode was live at its start).
+    done: bool [B, G], the episode ended (the env's done, turn limit included).
+    state_ids: int32 [B, G, K+1], `env.state_id` at the start of every turn and after
+      the last; after the episode ended the terminal state's id repeats.
+    success: bool [B, G], the env's info["solved"] (or "goal", "success") on a taken
+      turn; without such an info entry, total reward > 0.
+    parent: int32 [B, G], the trajectory g was forked from, -1 for chains.
+    fork_turn: int32 [B, G], turns g copied from its parent (0 for chains).
+  """
+
+  tokens: jax.Array
+  policy_mask: jax.Array
+  obs_mask: jax.Array
+  token_turn: jax.Array
+  logprobs: jax.Array
+  turn_rewards: jax.Array
+  turn_mask: jax.Array
+  done: jax.Array
+  state_ids: jax.Array
+  success: jax.Array
+  parent: jax.Array
+  fork_turn: jax.Array
+
+  @property
+  def returns(self) -> jax.Array:
+    """float32 [B, G]: the undiscounted total reward."""
+    return episode_returns(self.turn_rewards, self.turn_mask)
+
+  @property
+  def lengths(self) -> jax.Array:
+    """int32 [B, G]: turns taken."""
+    return jnp.sum(self.turn_mask, axis=-1, dtype=jnp.int32)
+
+  def to_rollouts(self) -> credit.Rollouts:
+    return to_rollouts(self)
+
+
+def to_rollouts(episodes: Episodes) -> credit.Rollouts:
+  """`credit.Rollouts` of episodes for the turn-level estimators (`credit.agents`).
+
+  tokens = the whole trajectory, mask = policy_mask, rewards = total reward,
+  logprobs = sampling log-probs, turns = `credit.Turns` (state ids, turn rewards,
+  turn mask, token_turn, success). NOTE: Rollouts' usual invariant "mask is one
+  run from position 0" does NOT hold: the initial observation comes first (mask
+  False) and observation tokens interleave the actions. Estimators that read
+  `turns` (gigpo, gagpo, salt, graphgpo, gtpo, cast) are fine; single-turn
+  estimators that assume a response prefix (or build the prefix tree of the
+  tokens) are not meant for these rollouts. `tree` is left None for forks too.
+  """
+  e = episodes
+  return credit.Rollouts(
+      tokens=e.tokens, mask=e.policy_mask, rewards=e.returns, logprobs=e.logprobs,
+      turns=credit.Turns(state_ids=e.state_ids, rewards=e.turn_rewards, turn_mask=e.turn_mask,
+                         token_turn=e.token_turn, success=e.success))
+
+
+# ----------------------------------------------------------------------------
+# Layout.
+
+
+def num_turns_of(env, num_turns: Optional[int] = None) -> int:
+  """K: `num_turns` (<= env.max_turns) or env.max_turns."""
+  k = env.max_turns if num_turns is None else int(num_turns)
+  if not 1 <= k <= env.max_turns:
+    raise ValueError(f"num_turns must be in [1, env.max_turns = {env.max_turns}]; got {k}.")
+  return k
+
+
+def sequence_length(env, num_turns: Optional[int] = None) -> int:
+  """T = O + K (A + O)."""
+  return env.obs_len + num_turns_of(env, num_turns) * (env.action_len + env.obs_len)
+
+
+def slot_layout(env, num_turns: Optional[int] = None):
+  """Static layout (NumPy): (action_pos int [K, A], obs_pos int [K, O], turn_of int [T]).
+
+  action_pos[k] / obs_pos[k] are the positions of turn k's action / observation
+  slot; turn_of[t] is the turn of an action-slot position t, -1 elsewhere.
+  """
+  o, a, k = env.obs_len, env.action_len, num_turns_of(env, num_turns)
+  start = o + (a + o) * np.arange(k)[:, None]
+  action_pos, obs_pos = start + np.arange(a), start + a + np.arange(o)
+  turn_of = np.full((sequence_length(env, k),), -1, np.int64)
+  turn_of[action_pos] = np.arange(k)[:, None]
+  return action_pos, obs_pos, turn_of
+
+
+def split_slots(x, env, num_turns: Optional[int] = None):
+  """x [..., T] -> (initial [..., O], actions [..., K, A], observations [..., K, O])."""
+  o, a, k = env.obs_len, env.action_len, num_turns_of(env, num_turns)
+  turns = x[..., o:].reshape(x.shape[:-1] + (k, a + o))
+  return x[..., :o], turns[..., :a], turns[..., a:]
+
+
+@functools.partial(jax.jit, static_argnames="pcfg")
+def teacher_forced_logprobs(params, pcfg: decoder.PolicyConfig, tokens):
+  """log p(tokens[..., t] | tokens[..., :t]) for t >= 1 by one causal forward; [..., T] f32.
+
+  Position 0 (the first observation token, never a policy token) gets 0. Mask with
+  policy_mask: equals the sampling log-probs there (`decoder.token_logprobs`).
+  """
+  shape = tokens.shape
+  flat = tokens.reshape(-1, shape[-1]).astype(jnp.int32)
+  lp, _ = decoder.token_logprobs(params, pcfg, flat[:, :1], flat[:, 1:])
+  lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+  return lp.reshape(shape)
+
+
+# ----------------------------------------------------------------------------
+# Building blocks.
+
+
+@functools.lru_cache(maxsize=None)
+def _success_key(env) -> Optional[str]:
+  """The info entry that flags success ('solved', 'goal' or 'success'), or None."""
+  state = jax.eval_shape(lambda: env.reset(jax.random.key(0), 1)[0])
+  actions = jax.ShapeDtypeStruct((1, env.action_len), jnp.int32)
+  mask = jax.ShapeDtypeStruct((1, env.action_len), jnp.bool_)
+  info = jax.eval_shape(env.step, state, actions, mask)[-1]
+  return next((k for k in ("solved", "goal", "success") if k in info), None)
+
+
+def _hidden(params, pcfg, tokens, positions, cache):
+  """Runs tokens [R, n] at positions [R, n] into the cache: (last-position logits [R, V], cache)."""
+  m = decoder.model(pcfg)
+  h, cache = m.apply({"params": params}, tokens, positions, cache, method="hidden")
+  return m.apply({"params": params}, h[:, -1], method="logits"), cache
+
+
+def select_tokens(u, logits, temperature):
+  """Inverse-CDF sampling from softmax(logits / temperature): u [R], logits [R, V] -> int32 [R].
+
+  The first token whose cumulative probability exceeds u (`sampling.select_tokens`
+  without top-k / top-p, which keeps the compiled turn small); temperature 0 = greedy.
+  """
+  logits = logits.astype(jnp.float32)
+  temp = jnp.where(temperature > 0, temperature, 1.0)
+  scaled = logits / temp
+  cdf = jnp.cumsum(jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True)), axis=-1)
+  sampled = jnp.argmax(cdf > u[:, None] * cdf[:, -1:], axis=-1)
+  return jnp.where(temperature > 0, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+
+
+def _pick(u, logits, alive, temperature, eoa_id, pad_id):
+  """One action token per row: (token, untempered log-prob, policy, alive after) [R].
+
+  Rows not alive (past EOA, or episode done) get pad_id, log-prob 0, policy False.
+  """
+  tok = select_tokens(u, logits, temperature)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  lp = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+  tok = jnp.where(alive, tok, pad_id)
+  return tok, jnp.where(alive, lp, 0.0), alive, alive & (tok != eoa_id)
+
+
+def _turn(params, pcfg, env, temperature, carry, xs):
+  """One turn of every row. carry = (env state, KV cache, the observation before this
+  turn's action slot [R, O], not yet in the cache); xs = (turn index k, uniforms [R, A]).
+  Returns the new carry and the turn's record."""
+  state, cache, pending = carry
+  k, u = xs
+  o, a, pad, eoa = env.obs_len, env.action_len, env.pad_id, env.eoa_id
+  r = u.shape[0]
+  start = o + k * (a + o)  # the action slot's first position
+  live = ~state.done
+  state_id = env.state_id(state)
+  # Teacher-forced chunk: the observation (its logits at the end give the first action token).
+  pos = jnp.broadcast_to(start - o + jnp.arange(o), pending.shape)
+  logits, cache = _hidden(params, pcfg, pending, pos, cache)
+
+  def act(c, x):  # sample action token j and feed it
+    cache, logits, alive = c
+    j, uj = x
+    tok, lp, pol, alive = _pick(uj, logits, alive, temperature, eoa, pad)
+    logits, cache = decoder.decode_step(params, pcfg, cache, tok,
+                                        jnp.full((r,), start + j, jnp.int32))
+    return (cache, logits, alive), (tok, lp, pol)
+
+  (cache, _, _), (actions, logprobs, policy) = jax.lax.scan(
+      act, (cache, logits, live), (jnp.arange(a), u.T))
+  actions, logprobs, policy = actions.T, logprobs.T, policy.T  # [R, A]
+
+  state, obs, obs_mask, reward, _, info = env.step(state, actions, policy)
+  obs_mask = obs_mask & live[:, None]
+  obs = jnp.where(obs_mask, obs, pad).astype(jnp.int32)
+  key = _success_key(env)
+  hit = (info[key].astype(bool) if key is not None else jnp.zeros((r,), bool)) & live
+  record = dict(actions=actions, policy=policy, logprobs=logprobs, obs=obs, obs_mask=obs_mask,
+                reward=jnp.where(live, reward, 0.0).astype(jnp.float32), live=live,
+                state_id=state_id, hit=hit)
+  return (state, cache, obs), record
+
+
+def _run_turns(params, pcfg, env, temperature, carry, first: int, last: int, uniforms):
+  """Turns first .. last-1 (static) of every row; uniforms [R, K, A]. Records [R, n, ...]."""
+  step = functools.partial(_turn, params, pcfg, env, temperature)
+  carry, recs = jax.lax.scan(step, carry, (jnp.arange(first, last, dtype=jnp.int32),
+                                           jnp.swapaxes(uniforms[:, first:last], 0, 1)))
+  return carry, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), recs)
+
+
+def _start(env, pcfg, key, num_groups: int, copies: int, start=None):
+  """B start states (`env.reset`, or `start`) repeated: (carry of B * copies rows, obs0,
+  obs0_mask). The first observation enters the cache in turn 0's chunk."""
+  if start is None:
+    start = env.reset(jax.random.fold_in(key, 0), num_groups)
+  state, obs, obs_mask = start
+  if obs.shape[0] != num_groups:
+    raise ValueError(f"start holds {obs.shape[0]} episodes; num_groups = {num_groups}.")
+  obs = jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32)
+  rep = lambda x: jnp.repeat(x, copies, axis=0)
+  carry = (jax.tree.map(rep, state), decoder.init_cache(pcfg, num_groups * copies), rep(obs))
+  return carry, rep(obs), rep(obs_mask)
+
+
+def _uniforms(key, num_groups: int, node_ids, env, k: int):
+  """u [B * n, K, A]: node node_ids[j] of group b (module docstring)."""
+  u = sampling.response_uniforms(jax.random.fold_in(key, 1), np.arange(num_groups),
+                                 np.asarray(node_ids), k * env.action_len)
+  return u.reshape(-1, k, env.action_len)
+
+
+def _episodes(env, num_groups, obs0, obs0_mask, recs, final_state, parent, fork_turn):
+  """Assembles records [R, K, ...] of R = B * G rows into Episodes [B, G, ...]."""
+  r, k = recs["live"].shape
+  o, a = env.obs_len, env.action_len
+  seq = lambda init, act, ob: jnp.concatenate(
+      [init, jnp.concatenate([act, ob], axis=-1).reshape(r, k * (a + o))], axis=-1)
+  no_obs = jnp.zeros((r, k, o), bool)
+  policy = seq(jnp.zeros_like(obs0_mask), recs["policy"], no_obs)
+  _, _, turn_of = slot_layout(env, k)
+  live = recs["live"]
+  rewards = recs["reward"]
+  if _success_key(env) is not None:
+    success = jnp.any(recs["hit"], axis=-1)
+  else:
+    success = jnp.sum(jnp.where(live, rewards, 0.0), axis=-1) > 0
+  flat = dict(
+      tokens=seq(obs0, recs["actions"], recs["obs"]),
+      policy_mask=policy,
+      obs_mask=seq(obs0_mask, jnp.zeros((r, k, a), bool), recs["obs_mask"]),
+      token_turn=jnp.where(policy, jnp.asarray(turn_of, jnp.int32), -1),
+      logprobs=seq(jnp.zeros(obs0.shape, jnp.float32), recs["logprobs"],
+                   jnp.zeros((r, k, o), jnp.float32)),
+      turn_rewards=rewards, turn_mask=live, done=final_state.done,
+      state_ids=jnp.concatenate([recs["state_id"], env.state_id(final_state)[:, None]], -1),
+      success=success)
+  flat = {n: x.reshape((num_groups, r // num_groups) + x.shape[1:]) for n, x in flat.items()}
+  return Episodes(**flat, parent=jnp.asarray(parent, jnp.int32),
+                  fork_turn=jnp.asarray(fork_turn, jnp.int32))
+
+
+def _check(pcfg, env, num_groups, group_size, k):
+  t = sequence_length(env, k)
+  if t > pcfg.max_len:
+    raise ValueError(f"trajectory length T = O + K (A + O) = {t} > pcfg.max_len = "
+                     f"{pcfg.max_len}.")
+  if pcfg.vocab_size < env.vocab_size:
+    raise ValueError(f"pcfg.vocab_size = {pcfg.vocab_size} < env.vocab_size = "
+                     f"{env.vocab_size}.")
+  if num_groups < 1 or group_size < 1:
+    raise ValueError(f"need num_groups, group_size >= 1; got {num_groups}, {group_size}.")
+
+
+# ----------------------------------------------------------------------------
+# Samplers.
+
+
+@functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_groups", "group_size",
+                                             "num_turns"))
+def sample_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
+                    group_size: int, temperature=1.0, *, num_turns: Optional[int] = None,
+                    start=None) -> Episodes:
+  """G i.i.d. trajectories from each of B start states: Episodes [B, G, ...].
+
+  K = num_turns (default env.max_turns) turns, static; the env's own limit still
+  ends episodes at env.max_turns. Needs T = O + K (A + O) <= pcfg.max_len.
+  start: optional (state, obs, obs_mask) of B fresh episodes (e.g. fixed evaluation
+  levels from `env.reset`) instead of `env.reset(fold_in(key, 0), B)`.
+  parent = -1 and fork_turn = 0 everywhere.
+  """
+  k = num_turns_of(env, num_turns)
+  _check(pcfg, env, num_groups, group_size, k)
+  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, group_size, start)
+  u = _uniforms(key, num_groups, np.arange(group_size), env, k)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  carry, recs = _run_turns(params, pcfg, env, temperature, carry, 0, k, u)
+  shape = (num_groups, group_size)
+  return _episodes(env, num_groups, obs0, obs0_mask, recs, carry[0],
+                   jnp.full(shape, -1), jnp.zeros(shape))
+
+
+def fork_layout(num_chains: int, num_forks: int, fork_turn: int):
+  """Static tree over G = N C trajectories (NumPy): (parent [G], fork_turn [G], node [G]).
+
+  g = n C + c is continuation c of chain n; c = 0 is the chain itself (parent -1),
+  c >= 1 forks from g' = n C at turn fork_turn. node is the randomness id.
+  """
+  n, c = np.divmod(np.arange(num_chains * num_forks), num_forks)
+  parent = np.where(c == 0, -1, n * num_forks)
+  node = np.where(c == 0, n, num_chains + n * (num_forks - 1) + c - 1)
+  return (parent.astype(np.int32), np.where(c == 0, 0, fork_turn).astype(np.int32),
+          node.astype(np.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_groups", "num_chains",
+                                             "num_forks", "fork_turn", "num_turns"))
+def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
+                  num_chains: int, num_forks: int, fork_turn: int, temperature=1.0, *,
+                  num_turns: Optional[int] = None, start=None) -> Episodes:
+  """Tree sampling over turns: Episodes [B, G = N C, ...] with parent and fork_turn.
+
+  Per start state, N chains run turns [0, fork_turn); each row (env state, KV
+  cache, records) is then copied C times and all N C rows run turns
+  [fork_turn, K) with their own randomness (`fork_layout`; module docstring), so
+  the shared prefix is computed once. Continuation c = 0 equals chain n of
+  `sample_episodes(group_size=N)` with the same key. A chain already done at the
+  fork gives C identical copies. 0 <= fork_turn < K (static); num_turns and
+  start as in `sample_episodes`.
+  """
+  k = num_turns_of(env, num_turns)
+  _check(pcfg, env, num_groups, num_chains * num_forks, k)
+  if not 0 <= fork_turn < k:
+    raise ValueError(f"fork_turn must be in [0, K = {k}); got {fork_turn}.")
+  parent, fork_at, node = fork_layout(num_chains, num_forks, fork_turn)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, num_chains, start)
+  u = _uniforms(key, num_groups, np.arange(num_chains), env, k)
+  carry, head = _run_turns(params, pcfg, env, temperature, carry, 0, fork_turn, u)
+  rep = lambda x, axis=0: jnp.repeat(x, num_forks, axis=axis)  # row r -> rows r C .. r C + C-1
+  state, cache, pending = carry
+  carry = (jax.tree.map(rep, state), jax.tree.map(lambda x: rep(x, 1), cache), rep(pending))
+  u = _uniforms(key, num_groups, node, env, k)
+  carry, tail = _run_turns(params, pcfg, env, temperature, carry, fork_turn, k, u)
+  recs = jax.tree.map(lambda h, t: jnp.concatenate([rep(h), t], axis=1), head, tail)
+  shape = (num_groups, num_chains * num_forks)
+  return _episodes(env, num_groups, rep(obs0), rep(obs0_mask), recs, carry[0],
+                   jnp.broadcast_to(parent, shape), jnp.broadcast_to(fork_at, shape))
