@@ -9,7 +9,7 @@ from credit.returns import reverse_linear_scan
 from credit.rollouts import Rollouts
 
 
-@register("pure")
+@register("pure", needs=("token_rewards", "step_ends"))
 def pure(rollouts: Rollouts, temperature: float = 0.1, form: str = "min",
          outcome_coef: float = 1.0, step_ends=None):
   """PURE (Cheng et al. 2025): process rewards r_j at the steps of a response,
@@ -19,8 +19,8 @@ def pure(rollouts: Rollouts, temperature: float = 0.1, form: str = "min",
   responses' returns G_0: A_{i,t} = G_{i,t} − mean_{j≠i} G_{j,0}.
 
   In min form G_0 → min_j r_j as T → 0 (plus the outcome term). Steps are the
-  tokens marked by `step_ends` (bool [..., G, L]; default: every unmasked
-  token), each carrying `token_rewards` there. Without `token_rewards` the
+  tokens marked by `step_ends` (bool [..., G, L]; default: `rollouts.step_ends`,
+  else every unmasked token), each carrying `token_rewards` there. Without `token_rewards` the
   returns are just R and this is RLOO. Returns float32 [..., G, L].
   """
   if form not in ("min", "sum"):
@@ -31,6 +31,8 @@ def pure(rollouts: Rollouts, temperature: float = 0.1, form: str = "min",
     return jnp.where(mask, loo_centred(rewards)[..., None], 0.0)
   last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], axis=-1)
   per_token = jnp.where(last, outcome_coef * rewards[..., None], 0.0)
+  if step_ends is None:
+    step_ends = rollouts.step_ends
   steps = mask if step_ends is None else mask & step_ends
   r = jnp.where(steps, jnp.asarray(rollouts.token_rewards, jnp.float32), 0.0)
   if form == "min":

@@ -1,7 +1,8 @@
 """Credit estimators by name: `fn(rollouts, **hparams) -> advantages [..., G, L]`.
 
 An estimator may declare the optional `Rollouts` fields it `needs` (so a
-training loop knows to compute, e.g., reference log-probs) and a `loss_mask`
+training loop knows to compute, e.g., reference log-probs or a task's process
+rewards and step ends) and a `loss_mask`
 function `(rollouts, advantages, **hparams) -> bool [..., G, L]` for methods
 that also take tokens out of the policy loss (SPO's probability mask).
 """

@@ -216,6 +216,17 @@ def group_rewards(prompts, tokens, mask, info, *, task):
   return task.reward(p, tokens, mask, _broadcast_info(info, g))
 
 
+@functools.partial(jax.jit, static_argnames=('task',))
+def group_process_rewards(prompts, tokens, mask, info, *, task):
+  """[B, P], [B, G, L] -> (token_rewards float32 [B, G, L], step_ends bool [B, G, L]) from
+  the task's per-step verifier (`token_rewards`, `step_ends`; the chain-of-thought tasks)."""
+  g = tokens.shape[1]
+  p = jnp.broadcast_to(prompts[:, None], (prompts.shape[0], g, prompts.shape[1]))
+  info = _broadcast_info(info, g)
+  return (task.token_rewards(p, tokens, mask, info) * mask,
+          task.step_ends(p, tokens, mask, info) & mask)
+
+
 @functools.partial(jax.jit, static_argnames=('cfg',))
 def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, packed=None, *, cfg):
   """Teacher-forced log-probs of [B, G, L] responses, 0 where masked.
@@ -266,16 +277,18 @@ _num_unique = jax.jit(lambda node: packing_lib.num_unique(node, 1 + node.shape[1
 def credit_fn(name: str, hparams_json: str, tree: bool):
   """Jitted estimator (tree building included) for rollouts [B, G, L].
 
-  Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs) ->
-  (advantages, loss mask); `ref_logprobs` may be None.
+  Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
+  step_ends=None) -> (advantages, loss mask); the last three may be None.
   """
   est, hp = credit.get(name), json.loads(hparams_json)
 
   @jax.jit
-  def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs):
+  def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
+         step_ends=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
-                               ref_logprobs=ref_logprobs, tree=t)
+                               ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
+                               step_ends=step_ends)
     adv = est(rollouts, **hp)
     return adv, credit.loss_mask(name, rollouts, adv, **hp)
 
@@ -313,6 +326,11 @@ class JaxProblem:
   def rewards(self, draw, samples):
     return group_rewards(draw.prompts, samples.tokens, samples.mask, draw.handle,
                          task=self.task), {}
+
+  def process_rewards(self, draw, samples):
+    """(token_rewards, step_ends) [B, G, L] from the task's per-step verifier."""
+    return group_process_rewards(draw.prompts, samples.tokens, samples.mask, draw.handle,
+                                 task=self.task)
 
   def evaluate(self, params, ecfg) -> dict:
     return evaluate(params, self.pcfg, self.task, ecfg)
@@ -528,6 +546,15 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                               else dict(cfg.credit.hparams), sort_keys=True),
                   scfg.name != 'iid')
   need_ref = loss_cfg.kl_coef > 0 or 'ref_logprobs' in credit.needs(cfg.credit.name)
+  need_process = 'token_rewards' in credit.needs(cfg.credit.name)
+  if need_process and not hasattr(problem, 'process_rewards'):
+    raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards, which text '
+                     f'tasks do not provide; use a JAX chain-of-thought task (scratch_add, '
+                     f'countdown_steps)')
+  if need_process and not hasattr(problem.task, 'token_rewards'):
+    raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards '
+                     f'(token_rewards, step_ends), which task {cfg.task.name!r} does not '
+                     f'provide; use a chain-of-thought task (scratch_add, countdown_steps)')
   use_packing, pack_len = packing_applies(cfg, b), 0
   key = jax.random.PRNGKey(run_seed)
   n_dev = mesh.size
@@ -576,8 +603,9 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             credit.kl_k1(old_lp, ref_lp, samples.mask), -1)
       old_lp.block_until_ready()
       t2 = time.perf_counter()
+      process = problem.process_rewards(draw, samples) if need_process else (None, None)
       adv, loss_mask = est(samples.tokens, samples.mask, train_rewards, samples.parent,
-                           samples.fork, old_lp, ref_lp)
+                           samples.fork, old_lp, ref_lp, *process)
       adv.block_until_ready()
       t3 = time.perf_counter()
       batch = ts.batch_from_samples(prompts, samples.tokens, loss_mask, adv, old_lp, ref_lp,

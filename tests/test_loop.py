@@ -16,11 +16,15 @@ TIMING = ('wall_s', 'sample_s', 'logprob_s', 'credit_s', 'update_s', 'step_s',
           'sampled_tokens_per_s', 'train_tokens_per_s', 'credit_frac')
 
 
-def quick_cfg():
+def quick_cfg(default_task: bool = False):
+  """The quick config; on 3-digit addition (5-token answers: cheap compiles and steps)
+  unless `default_task` (the main job's scratch_add)."""
   cfg = tempo_config.shrink(tempo_config.get_config())
   cfg.quick = False  # already shrunk
   cfg.progress = False
   cfg.sft.steps = 10
+  if not default_task:
+    cfg.task.name, cfg.task.kwargs = 'addition', {'num_digits': 3}
   return cfg
 
 
@@ -40,7 +44,7 @@ def strip(rows):
 
 
 def test_quick_experiment_writes_metrics_plots_checkpoints(tmp_path):
-  cfg = quick_cfg()
+  cfg = quick_cfg(default_task=True)
   summary = tempo_script.run_experiment(cfg, str(tmp_path))
   assert set(summary['methods']) == {'grpo:iid', 'tempo:tree_entropy'}
   for d in ('grpo_iid/seed0', 'tempo_tree_entropy/seed0'):
@@ -266,3 +270,37 @@ def test_lr_grid_layout_and_best_of_grid(tmp_path, monkeypatch):
   t = summary['paired']['by_method']['tempo:iid']['final_acc']['t']
   assert t['mean'] == pytest.approx(0.1) and t['lo'] == pytest.approx(0.1)  # same diff per seed
   assert 'lr=0.0001' in compare.format_table(summary, cfg.eval.pass_k)
+
+
+def test_process_rewards_reach_pure_through_the_loop(tmp_path):
+  """`pure` needs token_rewards + step_ends: the loop computes them from the task's per-step
+  verifier (scratch_add), and refuses a task without one with a clear error."""
+  cfg = quick_cfg()
+  cfg.rl.steps = 2
+  cfg.credit.name = 'pure'
+  with pytest.raises(ValueError, match='process rewards.*addition'):
+    loop.train(cfg, str(tmp_path / 'bad'), init_params(cfg), method='pure:iid')
+  cfg.task.name, cfg.task.kwargs = 'scratch_add', {'num_digits': 2}
+  task = loop.build_task(cfg)
+  prompts, info = task.sample(jax.random.PRNGKey(0), 2)
+  demo, mask = task.demonstrations(prompts, info)
+  tokens = np.stack([demo, demo], 1)  # [2, G=2, R]: row 1 of group 0 gets a wrong first sum
+  tokens[0, 1, 2] = (tokens[0, 1, 2] + 1) % 10
+  tokens, mask = jax.numpy.asarray(tokens), jax.numpy.stack([mask, mask], 1)
+  tr, ends = loop.group_process_rewards(prompts, tokens, mask, info, task=task)
+  np.testing.assert_allclose(np.sum(tr, -1), [[1.0, 0.0], [1.0, 1.0]], atol=1e-6)
+  assert np.all(np.sum(ends, -1) == task.num_digits + 1)
+  rewards = loop.group_rewards(prompts, tokens, mask, info, task=task)
+  fn = loop.credit_fn('pure', '{}', False)
+  zeros = jax.numpy.zeros(tokens.shape, jax.numpy.float32)
+  no_parent = -jax.numpy.ones(tokens.shape[:2], jax.numpy.int32)
+  args = (tokens, mask, rewards, no_parent, 0 * no_parent, zeros, None)
+  with_steps, _ = fn(*args, tr, ends)
+  rloo, _ = fn(*args)  # without process rewards PURE is RLOO
+  assert not np.allclose(with_steps[0], rloo[0])
+  # identical correct responses: equal credit, 0 at the first token (G_0 = its baseline)
+  np.testing.assert_allclose(with_steps[1, 0], with_steps[1, 1])
+  np.testing.assert_allclose(with_steps[1, :, 0], 0.0, atol=1e-6)
+  loop.train(cfg, str(tmp_path / 'ok'), init_params(cfg), method='pure:iid')
+  rows = loop.read_metrics(tmp_path / 'ok' / 'metrics.jsonl')
+  assert [r['step'] for r in rows] == [0, 1, 2] and all(np.isfinite(r['loss']) for r in rows[1:])
