@@ -36,9 +36,9 @@ PAD = "<pad>"
 Info = dict[str, jax.Array]
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """Base class: static hyperparameters (dataclass fields) plus array functions."""
+class Vocabulary:
+  """What tasks and multi-turn environments share: a name, a token vocabulary (a token's id
+  is its index), hyperparameter validation on construction, and `detokenize`."""
 
   name: ClassVar[str] = ""
   separator: ClassVar[str] = ""  # joins tokens in `detokenize`
@@ -64,6 +64,26 @@ class Task:
   def pad_id(self) -> int:
     return self.vocab.index(PAD)
 
+  def token_id(self, token: str) -> int:
+    return self.vocab.index(token)
+
+  def detokenize(self, ids: Any) -> str:
+    """The text of a 1-D id sequence, up to its first pad token."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+      raise ValueError(f"detokenize takes a 1-D id sequence; got shape {ids.shape}.")
+    out = []
+    for i in ids.tolist():
+      if i == self.pad_id:
+        break
+      out.append(self.vocab[i] if 0 <= i < self.vocab_size else f"<{i}?>")
+    return self.separator.join(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task(Vocabulary):
+  """Base class: static hyperparameters (dataclass fields) plus array functions."""
+
   @property
   def eos_id(self) -> int:
     return self.vocab.index(EOS)
@@ -78,9 +98,6 @@ class Task:
     """R, the maximum response length, including the EOS token."""
     raise NotImplementedError
 
-  def token_id(self, token: str) -> int:
-    return self.vocab.index(token)
-
   # --- array functions ------------------------------------------------------------------------
 
   def sample(self, key: jax.Array, n: int) -> tuple[jax.Array, Info]:
@@ -94,20 +111,6 @@ class Task:
   def demonstrations(self, prompts, info: Info) -> tuple[jax.Array, jax.Array]:
     """Correct responses int32 [n, R] (ending in EOS, then pad_id) and their mask bool [n, R]."""
     raise NotImplementedError
-
-  # --- host-side helpers ----------------------------------------------------------------------
-
-  def detokenize(self, ids: Any) -> str:
-    """The text of a 1-D id sequence, up to its first pad token."""
-    ids = np.asarray(ids)
-    if ids.ndim != 1:
-      raise ValueError(f"detokenize takes a 1-D id sequence; got shape {ids.shape}.")
-    out = []
-    for i in ids.tolist():
-      if i == self.pad_id:
-        break
-      out.append(self.vocab[i] if 0 <= i < self.vocab_size else f"<{i}?>")
-    return self.separator.join(out)
 
   # --- shared array helpers -------------------------------------------------------------------
 

@@ -42,14 +42,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs import base
+
 EOA = "<eoa>"
-PAD = "<pad>"
+PAD = base.PAD
 
 Info = dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiTurnEnv:
+class MultiTurnEnv(base.Vocabulary):
   """Base class: static hyperparameters (dataclass fields) plus array functions.
 
   Subclasses define `vocab`, `obs_len`, `action_len`, `max_turns`, `_init`,
@@ -58,29 +60,7 @@ class MultiTurnEnv:
   type must have fields `turn` (int32 [n]) and `done` (bool [n]).
   """
 
-  name: ClassVar[str] = ""
-  separator: ClassVar[str] = ""  # joins tokens in `detokenize`
-
-  def __post_init__(self):
-    self.validate()
-
-  def validate(self):
-    """Raises ValueError for invalid hyperparameters."""
-
   # --- static properties ----------------------------------------------------------------------
-
-  @property
-  def vocab(self) -> tuple[str, ...]:
-    """Token strings; a token's id is its index."""
-    raise NotImplementedError
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self.vocab)
-
-  @property
-  def pad_id(self) -> int:
-    return self.vocab.index(PAD)
 
   @property
   def eoa_id(self) -> int:
@@ -102,8 +82,6 @@ class MultiTurnEnv:
     """K, the turn limit of an episode."""
     raise NotImplementedError
 
-  def token_id(self, token: str) -> int:
-    return self.vocab.index(token)
 
   # --- subclass hooks -------------------------------------------------------------------------
 
@@ -173,17 +151,6 @@ class MultiTurnEnv:
     out[:len(ids)] = ids
     return out, np.arange(self.action_len) < len(ids)
 
-  def detokenize(self, ids: Any) -> str:
-    """The text of a 1-D id sequence, up to its first pad token."""
-    ids = np.asarray(ids)
-    if ids.ndim != 1:
-      raise ValueError(f"detokenize takes a 1-D id sequence; got shape {ids.shape}.")
-    out = []
-    for i in ids.tolist():
-      if i == self.pad_id:
-        break
-      out.append(self.vocab[i] if 0 <= i < self.vocab_size else f"<{i}?>")
-    return self.separator.join(out)
 
   def render(self, state, i: int = 0) -> str:
     """The text of episode i's current observation (host side)."""

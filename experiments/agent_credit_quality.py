@@ -401,20 +401,8 @@ def plot(summaries: dict, group_sizes, path: str, title: str = "") -> str:
   for row, (env_name, summary) in zip(axes, summaries.items()):
     for ax, (k, label) in zip(row, (("corr", "Pearson corr(a, A^π)"),
                                     ("sign", "sign agreement, |A^π| > threshold"))):
-      for i, name in enumerate(sorted(summary)):
-        mean = np.array([summary[name][g][k][0] for g in group_sizes])
-        std = np.array([summary[name][g][k][1] for g in group_sizes])
-        (line,) = ax.plot(group_sizes, mean, marker="os^vD"[i % 5], markersize=4, label=name,
-                          color=colors[i % len(colors)], linestyle=("-", "--", ":")[i % 3])
-        if np.any(std > 0):
-          ax.fill_between(group_sizes, mean - std, mean + std, color=line.get_color(),
-                          alpha=0.15)
-      ax.set_xscale("log", base=2)
-      ax.set_xticks(group_sizes, [str(g) for g in group_sizes])
-      ax.set_xlabel("group size G")
-      ax.set_ylabel(label)
+      cq.plot_metric(ax, summary, group_sizes, k, label, colors)
       ax.set_title(env_name, fontsize=9)
-      ax.grid(alpha=0.3)
     row[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   if title:
     fig.suptitle(title, fontsize=9)

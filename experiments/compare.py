@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+import jax
 import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -185,10 +186,11 @@ def run_experiment(cfg, workdir: str) -> dict:
     for s, rws in zip(results[m], rows[m]):
       s['acc_at_budget'] = acc_at(rws, budget)
   label = lambda m: m if best[m] is None else f'{m} lr={best[m]:g}'
+  writer = jax.process_index() == 0  # multi-host: every process computes, one writes
   paths = plots.plot_runs({label(m): rows[m] for m in methods}, workdir, title=(
       f'{cfg.task.name} {dict(cfg.task.kwargs)}: {cfg.rl.steps} steps x '
       f'{cfg.rl.prompts_per_step} prompts, seeds {tuple(cfg.seeds)}'
-      f'{", best lr of " + str(tuple(grid)) if grid else ""}'))
+      f'{", best lr of " + str(tuple(grid)) if grid else ""}')) if writer else []
   matched = dict(
       budget_generated_tokens=budget,
       definition='greedy_acc interpolated linearly in cumulative generated tokens (forks\' '
@@ -203,8 +205,9 @@ def run_experiment(cfg, workdir: str) -> dict:
                      't: mean ± t_{n-1,0.975} sd/sqrt(n); bootstrap: 2.5/97.5 % percentiles of '
                      '10,000 resampled mean differences (seed 0); n = 1: nan ends'),
                      by_method=paired_stats(results, baseline)))
-  with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-    json.dump(summary, f, indent=1)
+  if writer:
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump(summary, f, indent=1)
   print(format_table(summary, cfg.eval.pass_k))
   return summary
 

@@ -190,24 +190,29 @@ def format_table(summary: dict, group_sizes, n_seeds: int) -> str:
   return "\n".join(lines)
 
 
+def plot_metric(ax, summary: dict, group_sizes, key: str, ylabel: str, colors) -> None:
+  """One panel: summary[name][G][key] = (mean, std) against G (log2 axis), one line per name."""
+  for i, name in enumerate(sorted(summary)):
+    mean = np.array([summary[name][g][key][0] for g in group_sizes])
+    std = np.array([summary[name][g][key][1] for g in group_sizes])
+    (line,) = ax.plot(group_sizes, mean, marker="os^vD"[i % 5], markersize=4, label=name,
+                      color=colors[i % len(colors)], linestyle=("-", "--", ":")[i % 3])
+    if np.any(std > 0):
+      ax.fill_between(group_sizes, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(group_sizes, [str(g) for g in group_sizes])
+  ax.set_xlabel("group size G")
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+
+
 def plot(summary: dict, group_sizes, path: str, title: str = "") -> str:
   """Correlation and sign agreement vs G (log2 axis), one line per estimator."""
   fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
   colors = plt.get_cmap("tab20").colors
   for ax, (k, label) in zip(axes, (("corr", "Pearson corr(a, A*)"),
                                    ("sign", "sign agreement on decisive tokens"))):
-    for i, name in enumerate(sorted(summary)):
-      mean = np.array([summary[name][g][k][0] for g in group_sizes])
-      std = np.array([summary[name][g][k][1] for g in group_sizes])
-      (line,) = ax.plot(group_sizes, mean, marker="os^vD"[i % 5], markersize=4, label=name,
-                        color=colors[i % len(colors)], linestyle=("-", "--", ":")[i % 3])
-      if np.any(std > 0):
-        ax.fill_between(group_sizes, mean - std, mean + std, color=line.get_color(), alpha=0.15)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(group_sizes, [str(g) for g in group_sizes])
-    ax.set_xlabel("group size G")
-    ax.set_ylabel(label)
-    ax.grid(alpha=0.3)
+    plot_metric(ax, summary, group_sizes, k, label, colors)
   axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   if title:
     fig.suptitle(title, fontsize=9)

@@ -91,6 +91,7 @@ if QUICK:
   # pass@8 on one prompt: the same sampler shapes as the group below (one compile).
   cfg.eval.update(num_prompts=8, pass_k=8, pass_prompts=1)
 else:
+  cfg.model.update(d_model=128)
   cfg.sft.update(steps=300, batch_size=128, lr=1e-3, warmup_steps=50)  # ~80% greedy
   cfg.eval.update(num_prompts=256, pass_k=8, pass_prompts=64)
 

@@ -58,6 +58,7 @@ def test_text_rewards_use_the_verifier_and_the_truncation_rule(problem):
   np.testing.assert_array_equal(np.asarray(r0), [[1.0, float(r[0, 1]), 0.0]])
 
 
+@pytest.mark.slow  # ~2 minutes: 2 RL steps of SmolLM2 for 2 methods (tests/test_smollm2.py covers the model)
 def test_quick_lm_experiment(tmp_path):
   cfg = quick_cfg()
   cfg.quick = False  # already shrunk
