@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import multiturn
+from trees.lcp import mix32
 
 
 @flax.struct.dataclass
@@ -75,8 +76,8 @@ class MDPValues:
 
 def _uniform(rng, turn):
   """float32 uniforms in [0, 1) from a counter-based hash of (rng, turn) (uint32, int32 [...])."""
-  x = rng ^ multiturn._fmix32(turn.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + 1)
-  h = multiturn._fmix32(multiturn._fmix32(x) + jnp.uint32(0x632BE5AB))
+  x = rng ^ mix32(turn.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + 1)
+  h = mix32(mix32(x) + jnp.uint32(0x632BE5AB))
   return (h >> 8).astype(jnp.float32) * (1.0 / (1 << 24))
 
 

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import base
+from trees.lcp import mix32  # MurmurHash3's 32-bit finaliser
 
 EOA = "<eoa>"
 PAD = base.PAD
@@ -185,15 +186,6 @@ def single_token_action(actions, action_mask, eoa_id: int, first_id: int, num: i
   return jnp.clip(index, 0, num - 1).astype(jnp.int32), valid
 
 
-def _fmix32(h):
-  """MurmurHash3's 32-bit finalizer (uint32 -> uint32, a bijection)."""
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
 def _words(x, n):
   """x [n, ...] (bool or int) as uint32 words [n, M]."""
   x = jnp.asarray(x)
@@ -214,7 +206,7 @@ def hash_arrays(arrays) -> jax.Array:
   n = jnp.shape(arrays[0])[0]
   words = jnp.concatenate([_words(a, n) for a in arrays], axis=1)  # [n, M]
   pos = jnp.arange(words.shape[1], dtype=jnp.uint32)
-  salt = _fmix32(pos * jnp.uint32(0x9E3779B9) + jnp.uint32(0x7F4A7C15))
-  mixed = _fmix32(_fmix32(words ^ salt) + salt)
-  h = _fmix32(jnp.sum(mixed, axis=1, dtype=jnp.uint32) ^ jnp.uint32(words.shape[1]))
+  salt = mix32(pos * jnp.uint32(0x9E3779B9) + jnp.uint32(0x7F4A7C15))
+  mixed = mix32(mix32(words ^ salt) + salt)
+  h = mix32(jnp.sum(mixed, axis=1, dtype=jnp.uint32) ^ jnp.uint32(words.shape[1]))
   return jax.lax.bitcast_convert_type(h, jnp.int32)

@@ -404,12 +404,7 @@ def plot(summaries: dict, group_sizes, path: str, title: str = "") -> str:
       cq.plot_metric(ax, summary, group_sizes, k, label, colors)
       ax.set_title(env_name, fontsize=9)
     row[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-  if title:
-    fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return cq.save_figure(fig, path, title)
 
 
 def main(argv=None) -> dict:

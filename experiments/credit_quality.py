@@ -206,6 +206,16 @@ def plot_metric(ax, summary: dict, group_sizes, key: str, ylabel: str, colors) -
   ax.grid(alpha=0.3)
 
 
+def save_figure(fig, path: str, title: str = "") -> str:
+  """Writes fig (with an optional suptitle) to path as PNG, closes it, returns path."""
+  if title:
+    fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
 def plot(summary: dict, group_sizes, path: str, title: str = "") -> str:
   """Correlation and sign agreement vs G (log2 axis), one line per estimator."""
   fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
@@ -214,12 +224,7 @@ def plot(summary: dict, group_sizes, path: str, title: str = "") -> str:
                                    ("sign", "sign agreement on decisive tokens"))):
     plot_metric(ax, summary, group_sizes, k, label, colors)
   axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-  if title:
-    fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path, title)
 
 
 def _jsonable(x):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 BLOCK = 32
 
 
-def _mix32(x):
+def mix32(x):
   """murmur3's 32-bit finaliser: a bijection on uint32 with good avalanche."""
   x = x ^ (x >> 16)
   x = x * jnp.uint32(0x85EBCA6B)
@@ -36,7 +36,7 @@ def lcp_blocked(keys, mask, block: int = BLOCK):
   keys = jnp.pad(jnp.where(mask, keys, -1), ((0, 0), (0, pad)), constant_values=-1)
   blocks = keys.reshape(g, -1, block)  # [G, nb, b]
   position = jnp.arange(l + pad, dtype=jnp.uint32).reshape(-1, block)
-  words = _mix32(blocks.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + position)
+  words = mix32(blocks.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + position)
   hashes = jnp.sum(words, axis=-1, dtype=jnp.uint32)  # [G, nb]
   # First block where g and h differ (by hash), then the first differing key in it.
   same_block = hashes[:, None, :] == hashes[None, :, :]  # [G, G, nb]
