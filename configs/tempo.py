@@ -18,8 +18,9 @@ samples; 'tree_entropy' 4 chains + 1 fork each at its highest-entropy token.
 
 import ml_collections
 
-# method spec "credit:sampler"; sampler in SAMPLERS.
-SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints')
+# method spec "credit:sampler"; sampler in SAMPLERS ('tree_turns': multi-turn environments
+# only, configs/agents.py; the others: single-turn tasks, 'iid' both).
+SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns')
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -348,19 +348,69 @@ def cast(turns: Turns, values_star=None):
   """CAST: A_k = V*(s_{k+1}) − V*(s_k) from a solver's optimal state values.
 
   values_star: float [..., G, K+1], V* of state_ids (index n_i: the state after
-  the last turn, e.g. 1 for a solved and 0 for a failed terminal state). Summed
-  along a trajectory the advantages telescope to V*(s_n) − V*(s_0).
-  Returns float32 [..., G, K], 0 on untaken turns.
+  the last turn, e.g. 1 for a solved and 0 for a failed terminal state); default
+  `turns.values_star`. Summed along a trajectory the advantages telescope to
+  V*(s_n) − V*(s_0). Returns float32 [..., G, K], 0 on untaken turns.
   """
   check_turn_shapes(turns)
   if values_star is None:
-    raise ValueError("cast needs values_star [..., G, K+1] (the solver's state values).")
+    values_star = turns.values_star
+  if values_star is None:
+    raise ValueError("cast needs values_star [..., G, K+1] (the solver's state values), as an "
+                     "argument or in turns.values_star.")
   values_star = jnp.asarray(values_star, jnp.float32)
   if values_star.shape != jnp.shape(turns.state_ids):
     raise ValueError(f"values_star must have state_ids' shape [..., G, K+1] = "
                      f"{jnp.shape(turns.state_ids)}; got {values_star.shape}.")
   mask = jnp.asarray(turns.turn_mask, bool)
   return jnp.where(mask, values_star[..., 1:] - values_star[..., :-1], 0.0)
+
+
+# --------------------------------------------------------------------------- IGPO
+
+
+def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: bool = True,
+         eps: float = _EPS):
+  """IGPO (Wang et al. 2025): information-gain turn rewards, group-normalised, discounted.
+
+  p_k = exp(answer_logprobs_k), the policy's (length-normalised, i.e. geometric-mean
+  per-token) probability of the gold answer given the history before turn k, from
+  probe forward passes (default `turns.answer_logprobs`, [..., G, K+1]).
+  Turn reward: r_k = p_{k+1} − p_k (the information gain of turn k) on every taken
+  turn but the last, whose reward is the outcome instead; the environment's own
+  turn rewards are added throughout (0 except the outcome for outcome-only tasks).
+  The rewards of all taken turns of the group are z-normalised together (mean and
+  Bessel std over the Σ n_g turns, ε; one turn in all, or all equal, gives 0), and
+  a turn's advantage is the discounted sum of the normalised rewards from it on,
+  A_k = Σ_{j≥k} γ^{j−k} r̃_j. Outcome counterpart (tested): with one turn per
+  trajectory it is GRPO. Returns float32 [..., G, K], 0 on untaken turns.
+  """
+  _check_unit("gamma", gamma)
+  check_turn_shapes(turns)
+  if answer_logprobs is None:
+    answer_logprobs = turns.answer_logprobs
+  if answer_logprobs is None:
+    raise ValueError("igpo needs answer_logprobs [..., G, K+1] (probe log-probs of the gold "
+                     "answer), as an argument or in turns.answer_logprobs.")
+  answer_logprobs = jnp.asarray(answer_logprobs, jnp.float32)
+  if answer_logprobs.shape != jnp.shape(turns.state_ids):
+    raise ValueError(f"answer_logprobs must have state_ids' shape [..., G, K+1] = "
+                     f"{jnp.shape(turns.state_ids)}; got {answer_logprobs.shape}.")
+  return _igpo(jnp.asarray(turns.rewards, jnp.float32), jnp.asarray(turns.turn_mask, bool),
+               answer_logprobs, jnp.asarray(gamma, jnp.float32), jnp.asarray(eps, jnp.float32),
+               bool(scale_by_std))
+
+
+@functools.partial(jax.jit, static_argnums=(5,))
+def _igpo(rewards, mask, answer_logprobs, gamma, eps, scale_by_std):
+  p = jnp.exp(answer_logprobs)
+  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
+  reward = rewards + jnp.where(last, 0.0, p[..., 1:] - p[..., :-1])
+  *batch, g, k = mask.shape
+  groups = math.prod(batch)
+  group = jnp.broadcast_to(jnp.arange(groups)[:, None, None], (groups, g, k)).reshape(-1)
+  norm = _bucket_norm(reward.reshape(-1), group, mask.reshape(-1), groups, scale_by_std, eps)
+  return discounted_returns(norm.reshape(mask.shape), mask, gamma)
 
 
 # --------------------------------------------------------------------------- tokens
@@ -390,12 +440,15 @@ salt_tokens = _token_level(salt)
 graphgpo_tokens = _token_level(graphgpo)
 gtpo_tokens = _token_level(gtpo)
 cast_tokens = _token_level(cast)
+igpo_tokens = _token_level(igpo)
 
 AGENT_ESTIMATORS = {"gigpo": gigpo, "gagpo": gagpo, "salt": salt, "graphgpo": graphgpo,
-                    "gtpo": gtpo, "cast": cast}
+                    "gtpo": gtpo, "cast": cast, "igpo": igpo}
 AGENT_TOKEN_ESTIMATORS = {"gigpo": gigpo_tokens, "gagpo": gagpo_tokens, "salt": salt_tokens,
                           "graphgpo": graphgpo_tokens, "gtpo": gtpo_tokens,
-                          "cast": cast_tokens}
+                          "cast": cast_tokens, "igpo": igpo_tokens}
+# The optional `Turns` fields an estimator reads besides state ids, rewards and the turn mask.
+TURN_NEEDS = {"cast": ("values_star",), "igpo": ("answer_logprobs",)}
 
 
 def _from_rollouts(name, fn):
@@ -410,4 +463,4 @@ def _from_rollouts(name, fn):
 
 
 for _name, _fn in AGENT_TOKEN_ESTIMATORS.items():
-  register(_name, needs=("turns",))(_from_rollouts(_name, _fn))
+  register(_name, needs=("turns",) + TURN_NEEDS.get(_name, ()))(_from_rollouts(_name, _fn))

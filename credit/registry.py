@@ -5,9 +5,16 @@ training loop knows to compute, e.g., reference log-probs or a task's process
 rewards and step ends) and a `loss_mask`
 function `(rollouts, advantages, **hparams) -> bool [..., G, L]` for methods
 that also take tokens out of the policy loss (SPO's probability mask).
+
+Rollouts with a `policy_mask` (multi-turn trajectories: observations are context,
+actions are trained) get advantages 0 off it from every registered estimator, and
+`loss_mask` keeps only its tokens; the estimators themselves see whole trajectories.
 """
 
+import functools
 from typing import Callable, Optional
+
+import jax.numpy as jnp
 
 _REGISTRY: dict[str, Callable] = {}
 _NEEDS: dict[str, tuple[str, ...]] = {}
@@ -21,14 +28,18 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
   def decorator(fn):
     if name in _REGISTRY:
       raise ValueError(f"credit estimator {name!r} is already registered.")
+
+    @functools.wraps(fn)
+    def estimator(rollouts, **hparams):
+      adv = fn(rollouts, **{**defaults, **hparams})
+      if rollouts.policy_mask is None:
+        return adv
+      return jnp.where(rollouts.policy_mask, adv, 0.0)
+
     if defaults:
-      def bound(rollouts, **hparams):
-        return fn(rollouts, **{**defaults, **hparams})
-      bound.__doc__ = f"`{fn.__name__}` with {defaults}.\n\n{fn.__doc__}"
-      bound.__name__ = name
-      _REGISTRY[name] = bound
-    else:
-      _REGISTRY[name] = fn
+      estimator.__doc__ = f"`{fn.__name__}` with {defaults}.\n\n{fn.__doc__}"
+      estimator.__name__ = name
+    _REGISTRY[name] = estimator
     _NEEDS[name] = tuple(needs)
     if loss_mask is not None:
       _LOSS_MASKS[name] = lambda rollouts, adv, **hp: loss_mask(rollouts, adv,
@@ -60,8 +71,9 @@ def needs(name: str) -> tuple[str, ...]:
 
 def loss_mask(name: str, rollouts, advantages, **hparams):
   """bool [..., G, L]: the tokens estimator `name` keeps in the policy loss
-  (`rollouts.mask` unless it registered a `loss_mask`)."""
+  (`rollouts.trained_mask`, the policy's tokens, unless it registered a `loss_mask`,
+  which is then restricted to them)."""
   get(name)
   if name not in _LOSS_MASKS:
-    return rollouts.mask
-  return _LOSS_MASKS[name](rollouts, advantages, **hparams)
+    return rollouts.trained_mask
+  return _LOSS_MASKS[name](rollouts, advantages, **hparams) & rollouts.trained_mask

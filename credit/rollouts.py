@@ -29,6 +29,12 @@ class Rollouts:
       a process verifier puts its `token_rewards`), or None.
     turns: the turn structure of multi-turn trajectories (`credit.turns.Turns`: state
       ids, per-turn rewards, each token's turn), or None for single-turn responses.
+    policy_mask: bool [..., G, L], True on the tokens the policy generated (the ones
+      trained), a subset of `mask`; None means all of `mask`. Multi-turn trajectories
+      put their observation tokens in `mask` (so the prefix tree, and every
+      token-level estimator, sees whole trajectories) but not in `policy_mask`;
+      estimators got through `credit.get` return 0 off it and `credit.loss_mask`
+      keeps only its tokens.
   """
 
   tokens: jax.Array
@@ -42,10 +48,16 @@ class Rollouts:
   tree: Optional[PrefixTree] = None
   step_ends: Optional[jax.Array] = None
   turns: Optional[Turns] = None
+  policy_mask: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
     return self.tokens.shape[-2]
+
+  @property
+  def trained_mask(self) -> jax.Array:
+    """bool [..., G, L]: the tokens in the policy loss (`policy_mask`, else `mask`)."""
+    return self.mask if self.policy_mask is None else self.policy_mask & self.mask
 
   @property
   def sampling_logprobs(self) -> Optional[jax.Array]:

@@ -33,6 +33,10 @@ class Turns:
     token_turn: int32 [..., G, L], the turn of every token, -1 on tokens that are
       not trained (prompt, observations); None if only turn-level credit is wanted.
     success: bool [..., G], the episode reached a success state, or None.
+    values_star: float32 [..., G, K+1], a solver's optimal value V*(s) of every state in
+      state_ids (CAST), or None.
+    answer_logprobs: float32 [..., G, K+1], log p_θ(gold answer | history before turn k)
+      from probe forward passes (index n_g: after the last turn; IGPO), or None.
   """
 
   state_ids: jax.Array
@@ -40,6 +44,8 @@ class Turns:
   turn_mask: jax.Array
   token_turn: Optional[jax.Array] = None
   success: Optional[jax.Array] = None
+  values_star: Optional[jax.Array] = None
+  answer_logprobs: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -124,6 +130,11 @@ def check_turn_shapes(turns: Turns):
       raise ValueError(f"success must be [..., G] = {(*batch, g)}; got {success.shape}.")
     if success.dtype != jnp.bool_:
       raise ValueError(f"success must be boolean; got dtype {success.dtype}.")
+  for name in ("values_star", "answer_logprobs"):
+    value = getattr(turns, name)
+    if value is not None and _array(value).shape != state_ids.shape:
+      raise ValueError(f"{name} must have state_ids' shape [..., G, K+1] = {state_ids.shape}; "
+                       f"got {_array(value).shape}.")
   if turns.token_turn is not None:
     token_turn = _array(turns.token_turn)
     if token_turn.ndim != turn_mask.ndim or token_turn.shape[:-1] != (*batch, g):

@@ -28,7 +28,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
   [..., G, L] with G > 0; the mask is one run from position 0; rewards are
   [..., G] real numbers (bool, int or float) and finite in float32; optional
   per-token fields are int or float of the tokens' shape, finite in float32 on
-  unmasked tokens; an explicit tree has the tokens' mask. Values are checked
+  unmasked tokens; a policy_mask is boolean, of the tokens' shape and inside mask;
+  an explicit tree has the tokens' mask. Values are checked
   only when concrete (under jit: shapes and dtypes only).
   """
   tokens, mask = as_tokens_and_mask(rollouts.tokens, rollouts.mask)
@@ -60,6 +61,17 @@ def validate(rollouts: Rollouts) -> Rollouts:
         finite = np.isfinite(np.asarray(value, np.float32))
       if not np.all(finite | ~np.asarray(mask)):
         raise ValueError(f"{name} has non-finite values on unmasked tokens.")
+  if rollouts.policy_mask is not None:
+    policy = _array(rollouts.policy_mask)
+    if policy.shape != tokens.shape or policy.dtype != jnp.bool_:
+      raise ValueError(f"policy_mask must be boolean of the tokens' shape {tokens.shape}; got "
+                       f"{policy.dtype} {policy.shape}.")
+    if concrete and not isinstance(policy, jax.core.Tracer):
+      stray = np.asarray(policy) & ~np.asarray(mask)
+      if np.any(stray):
+        where = tuple(int(i) for i in np.argwhere(stray)[0])
+        raise ValueError(f"policy_mask{list(where)} is True on a token outside mask: policy "
+                         f"tokens must be part of the trajectory.")
   tree = rollouts.tree
   if tree is not None:
     if tree.mask.shape != tokens.shape:

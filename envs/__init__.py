@@ -10,3 +10,4 @@ from envs.multiturn import MultiTurnEnv
 from envs.registry import env_names, get, get_env, names
 from envs.sokoban import Sokoban
 from envs.token_tree import TokenTree
+from envs.webshop import WebShop

@@ -188,6 +188,56 @@ class Household(multiturn.MultiTurnEnv):
     return [state.loc, state.holding, state.obj_loc, state.clean, state.goal_obj, state.goal_rec,
             state.goal_clean]
 
+  # --- solver (jittable): a privileged shortest-plan expert ----------------------------------
+
+  def _plan1(self, s):
+    """One episode: (first action's verb id, argument id; turns the plan needs)."""
+    x, y = s.goal_obj, s.goal_rec
+    needs_clean = s.goal_clean & ~s.clean[x]
+    holds_x, holds_other = s.holding == x, (s.holding >= 0) & (s.holding != x)
+    at_rec = s.loc < NUM_REC
+    # Hands full of another object: put it down here (first going to the fridge from the hall).
+    drop = jnp.where(holds_other, 1 + (~at_rec), 0)
+    here = jnp.where(holds_other & ~at_rec, 0, s.loc)
+    # Empty hands: fetch X (go there unless here, take).
+    src = s.obj_loc[x]
+    fetch = jnp.where(holds_x, 0, (here != src).astype(jnp.int32) + 1)
+    cur = jnp.where(holds_x, here, src)
+    wash = jnp.where(needs_clean, (cur != SINK).astype(jnp.int32) + 1, 0)
+    cur = jnp.where(needs_clean, SINK, cur)
+    place = (cur != y).astype(jnp.int32) + 1
+    dist = jnp.where(s.done, 0, drop + fetch + wash + place).astype(jnp.int32)
+    go = lambda target: (jnp.int32(_ID["go"]), (FIRST_LOC + target).astype(jnp.int32))
+    act = lambda verb, o: (jnp.int32(_ID[verb]), (FIRST_OBJ + o).astype(jnp.int32))
+    choose = lambda c, a, b: tuple(jnp.where(c, u, v) for u, v in zip(a, b))
+    holding_x = choose(needs_clean,
+                       choose(s.loc != SINK, go(jnp.int32(SINK)), act("clean", x)),
+                       choose(s.loc != y, go(y), act("put", x)))
+    empty = choose(s.loc != src, go(src), act("take", x))
+    other = choose(at_rec, act("put", jnp.maximum(s.holding, 0)), go(jnp.int32(0)))
+    verb, arg = choose(holds_x, holding_x, choose(holds_other, other, empty))
+    return verb, arg, dist
+
+  def expert_action(self, state):
+    """The next action of a shortest plan (the expert sees where X lies): int32 [n, A],
+    bool [n, A] (verb, argument, EOA)."""
+    verb, arg, _ = jax.vmap(self._plan1)(state)
+    n = verb.shape[0]
+    actions = jnp.stack([verb, arg, jnp.full((n,), self.eoa_id, jnp.int32)], -1)
+    return actions, jnp.ones(actions.shape, bool)
+
+  def optimal_distance(self, state):
+    """int32 [n]: the fewest turns that achieve the goal from each state (0 when done)."""
+    return jax.vmap(self._plan1)(state)[2]
+
+  def answer(self, state):
+    """The gold final action "put X" (X the goal object): int32 [n, A], bool [n, A]."""
+    n = state.goal_obj.shape[0]
+    actions = jnp.stack([jnp.full((n,), _ID["put"], jnp.int32),
+                         (FIRST_OBJ + state.goal_obj).astype(jnp.int32),
+                         jnp.full((n,), self.eoa_id, jnp.int32)], -1)
+    return actions, jnp.ones(actions.shape, bool)
+
   def expert_plan(self, state, i: int = 0) -> list[list[str]]:
     """A shortest plan (actions as token strings) achieving episode i's goal (host side).
 

@@ -4,7 +4,7 @@
 import dataclasses
 
 from envs import (addition, base, countdown, countdown_steps, exact_mdp, household, multiturn,
-                  scratchpad_addition, sokoban, token_tree)
+                  scratchpad_addition, sokoban, token_tree, webshop)
 
 _TASKS: dict[str, type[base.Task]] = {
     cls.name: cls for cls in (addition.Addition, countdown.Countdown, token_tree.TokenTree,
@@ -12,7 +12,8 @@ _TASKS: dict[str, type[base.Task]] = {
                               countdown_steps.CountdownSteps)
 }
 _ENVS: dict[str, type[multiturn.MultiTurnEnv]] = {
-    cls.name: cls for cls in (sokoban.Sokoban, household.Household, exact_mdp.ExactMDP)
+    cls.name: cls for cls in (sokoban.Sokoban, household.Household, exact_mdp.ExactMDP,
+                              webshop.WebShop)
 }
 
 

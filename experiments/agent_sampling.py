@@ -61,6 +61,9 @@ class Episodes:
     policy_mask: bool [B, G, T], True on generated action tokens (EOA included).
     obs_mask: bool [B, G, T], True on observation tokens (the env's obs_mask; only
       the initial observation and the observations returned by taken turns).
+    span_mask: bool [B, G, T], one run from position 0 over the trajectory: the initial
+      observation slot and the action and observation slots of every taken turn
+      (padding inside them included); policy_mask and obs_mask lie inside it.
     token_turn: int32 [B, G, T], the turn of every policy token, -1 elsewhere.
     logprobs: float32 [B, G, T], untempered sampling log-probs of policy tokens, 0
       elsewhere.
@@ -73,11 +76,14 @@ class Episodes:
       turn; without such an info entry, total reward > 0.
     parent: int32 [B, G], the trajectory g was forked from, -1 for chains.
     fork_turn: int32 [B, G], turns g copied from its parent (0 for chains).
+    distances: int32 [B, G, K+1], `env.optimal_distance` (turns a solver still needs)
+      of the same states as state_ids, for environments that have one; else None.
   """
 
   tokens: jax.Array
   policy_mask: jax.Array
   obs_mask: jax.Array
+  span_mask: jax.Array
   token_turn: jax.Array
   logprobs: jax.Array
   turn_rewards: jax.Array
@@ -87,6 +93,7 @@ class Episodes:
   success: jax.Array
   parent: jax.Array
   fork_turn: jax.Array
+  distances: Optional[jax.Array] = None
 
   @property
   def returns(self) -> jax.Array:
@@ -102,23 +109,22 @@ class Episodes:
     return to_rollouts(self)
 
 
-def to_rollouts(episodes: Episodes) -> credit.Rollouts:
-  """`credit.Rollouts` of episodes for the turn-level estimators (`credit.agents`).
-
-  tokens = the whole trajectory, mask = policy_mask, rewards = total reward,
-  logprobs = sampling log-probs, turns = `credit.Turns` (state ids, turn rewards,
-  turn mask, token_turn, success). NOTE: Rollouts' usual invariant "mask is one
-  run from position 0" does NOT hold: the initial observation comes first (mask
-  False) and observation tokens interleave the actions. Estimators that read
-  `turns` (gigpo, gagpo, salt, graphgpo, gtpo, cast) are fine; single-turn
-  estimators that assume a response prefix (or build the prefix tree of the
-  tokens) are not meant for these rollouts. `tree` is left None for forks too.
+def to_rollouts(episodes: Episodes, **turn_fields) -> credit.Rollouts:
+  """`credit.Rollouts` of whole trajectories: tokens = the trajectory, mask = its span
+  (one run from 0: observations included, so the prefix tree and every token-level
+  estimator see whole trajectories), policy_mask = the action tokens (the only ones
+  that get advantages through `credit.get` and enter the loss), rewards = total
+  reward, logprobs = sampling log-probs, turns = `credit.Turns` (state ids, turn
+  rewards, turn mask, token_turn, success, plus `turn_fields`, e.g. values_star or
+  answer_logprobs). `tree` is left None (see `experiments.agent_rollouts` for the
+  sampled tree of forks).
   """
   e = episodes
   return credit.Rollouts(
-      tokens=e.tokens, mask=e.policy_mask, rewards=e.returns, logprobs=e.logprobs,
+      tokens=e.tokens, mask=e.span_mask, rewards=e.returns, logprobs=e.logprobs,
+      policy_mask=e.policy_mask,
       turns=credit.Turns(state_ids=e.state_ids, rewards=e.turn_rewards, turn_mask=e.turn_mask,
-                         token_turn=e.token_turn, success=e.success))
+                         token_turn=e.token_turn, success=e.success, **turn_fields))
 
 
 # ----------------------------------------------------------------------------
@@ -230,7 +236,6 @@ def _turn(params, pcfg, env, temperature, carry, xs):
   r = u.shape[0]
   start = o + k * (a + o)  # the action slot's first position
   live = ~state.done
-  state_id = env.state_id(state)
   # Teacher-forced chunk: the observation (its logits at the end give the first action token).
   pos = jnp.broadcast_to(start - o + jnp.arange(o), pending.shape)
   logits, cache = _hidden(params, pcfg, pending, pos, cache)
@@ -245,17 +250,25 @@ def _turn(params, pcfg, env, temperature, carry, xs):
 
   (cache, _, _), (actions, logprobs, policy) = jax.lax.scan(
       act, (cache, logits, live), (jnp.arange(a), u.T))
-  actions, logprobs, policy = actions.T, logprobs.T, policy.T  # [R, A]
+  state, record = _env_turn(env, state, actions.T, policy.T, logprobs.T)
+  return (state, cache, record["obs"]), record
 
+
+def _env_turn(env, state, actions, policy, logprobs):
+  """`env.step` on the turn's actions [R, A] (policy: the tokens up to EOA of live rows):
+  (next state, the turn's record of [R, ...] arrays)."""
+  live = ~state.done
+  record = dict(state_id=env.state_id(state), live=live)
+  if hasattr(env, "optimal_distance"):
+    record["distance"] = env.optimal_distance(state)
   state, obs, obs_mask, reward, _, info = env.step(state, actions, policy)
   obs_mask = obs_mask & live[:, None]
-  obs = jnp.where(obs_mask, obs, pad).astype(jnp.int32)
   key = _success_key(env)
-  hit = (info[key].astype(bool) if key is not None else jnp.zeros((r,), bool)) & live
-  record = dict(actions=actions, policy=policy, logprobs=logprobs, obs=obs, obs_mask=obs_mask,
-                reward=jnp.where(live, reward, 0.0).astype(jnp.float32), live=live,
-                state_id=state_id, hit=hit)
-  return (state, cache, obs), record
+  hit = (info[key].astype(bool) if key is not None else jnp.zeros(live.shape, bool)) & live
+  record.update(actions=actions, policy=policy, logprobs=logprobs, obs_mask=obs_mask,
+                obs=jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32),
+                reward=jnp.where(live, reward, 0.0).astype(jnp.float32), hit=hit)
+  return state, record
 
 
 def _run_turns(params, pcfg, env, temperature, carry, first: int, last: int, uniforms):
@@ -276,7 +289,8 @@ def _start(env, pcfg, key, num_groups: int, copies: int, start=None):
     raise ValueError(f"start holds {obs.shape[0]} episodes; num_groups = {num_groups}.")
   obs = jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32)
   rep = lambda x: jnp.repeat(x, copies, axis=0)
-  carry = (jax.tree.map(rep, state), decoder.init_cache(pcfg, num_groups * copies), rep(obs))
+  cache = None if pcfg is None else decoder.init_cache(pcfg, num_groups * copies)
+  carry = (jax.tree.map(rep, state), cache, rep(obs))
   return carry, rep(obs), rep(obs_mask)
 
 
@@ -306,12 +320,17 @@ def _episodes(env, num_groups, obs0, obs0_mask, recs, final_state, parent, fork_
       tokens=seq(obs0, recs["actions"], recs["obs"]),
       policy_mask=policy,
       obs_mask=seq(obs0_mask, jnp.zeros((r, k, a), bool), recs["obs_mask"]),
+      span_mask=seq(jnp.ones_like(obs0_mask), jnp.broadcast_to(live[..., None], (r, k, a)),
+                    jnp.broadcast_to(live[..., None], (r, k, o))),
       token_turn=jnp.where(policy, jnp.asarray(turn_of, jnp.int32), -1),
       logprobs=seq(jnp.zeros(obs0.shape, jnp.float32), recs["logprobs"],
                    jnp.zeros((r, k, o), jnp.float32)),
       turn_rewards=rewards, turn_mask=live, done=final_state.done,
       state_ids=jnp.concatenate([recs["state_id"], env.state_id(final_state)[:, None]], -1),
       success=success)
+  if "distance" in recs:
+    flat["distances"] = jnp.concatenate(
+        [recs["distance"], env.optimal_distance(final_state)[:, None]], -1)
   flat = {n: x.reshape((num_groups, r // num_groups) + x.shape[1:]) for n, x in flat.items()}
   return Episodes(**flat, parent=jnp.asarray(parent, jnp.int32),
                   fork_turn=jnp.asarray(fork_turn, jnp.int32))
@@ -403,3 +422,76 @@ def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
   shape = (num_groups, num_chains * num_forks)
   return _episodes(env, num_groups, rep(obs0), rep(obs0_mask), recs, carry[0],
                    jnp.broadcast_to(parent, shape), jnp.broadcast_to(fork_at, shape))
+
+
+# ----------------------------------------------------------------------------
+# Expert demonstrations, solver values and answer probes.
+
+
+@functools.partial(jax.jit, static_argnames=("env", "num_groups", "num_turns"))
+def expert_episodes(env, key, num_groups: int, *, num_turns: Optional[int] = None,
+                    start=None) -> Episodes:
+  """Episodes [B, 1, ...] of the environment's own expert (`env.expert_action`, e.g. a
+  privileged shortest-plan policy) from `env.reset(fold_in(key, 0), B)` (or `start`), in
+  the sampler's layout (log-probs 0): demonstrations for a supervised warm start."""
+  k = num_turns_of(env, num_turns)
+  (state, _, pending), obs0, obs0_mask = _start(env, None, key, num_groups, 1, start)
+
+  def turn(state, _):
+    actions, mask = env.expert_action(state)
+    policy = mask & ~state.done[:, None]
+    return _env_turn(env, state, jnp.where(policy, actions, env.pad_id), policy,
+                     jnp.zeros(actions.shape, jnp.float32))
+
+  state, recs = jax.lax.scan(turn, state, None, length=k)
+  recs = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), recs)
+  zeros = jnp.zeros((num_groups, 1), jnp.int32)
+  return _episodes(env, num_groups, obs0, obs0_mask, recs, state, zeros - 1, zeros)
+
+
+def solver_values(episodes: Episodes, env, gamma: float = 1.0) -> jax.Array:
+  """float32 [B, G, K+1]: R_{<k} + V*(s_k) for CAST (`credit.agents.cast`), from the
+  environment's solver distances d (`episodes.distances`): for an outcome reward of 1,
+  V*(s) = γ^(d−1) when the d turns fit in the turns left (K_env − k), else 0 (done
+  states: 0), plus the reward collected before turn k, so that a
+  finished trajectory's last value is its return (1 solved, 0 failed)."""
+  if episodes.distances is None:
+    raise ValueError(f"environment {env.name!r} has no solver (optimal_distance); CAST "
+                     f"needs one.")
+  d = episodes.distances.astype(jnp.float32)
+  k = d.shape[-1] - 1
+  left = env.max_turns - jnp.arange(k + 1, dtype=jnp.float32)
+  v = jnp.where((d >= 1) & (d <= left), jnp.float32(gamma) ** (d - 1), 0.0)
+  rewards = jnp.where(episodes.turn_mask, episodes.turn_rewards, 0.0)
+  before = jnp.concatenate([jnp.zeros_like(rewards[..., :1]), jnp.cumsum(rewards, -1)], -1)
+  return before + v
+
+
+@functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_turns"))
+def answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answer, answer_mask, *,
+                    num_turns: Optional[int] = None):
+  """IGPO's probes: float32 [..., K+1], the mean per-token log p_θ(gold answer | history
+  before turn k) of trajectories tokens [..., T] (the sampler's layout), answer int32
+  [..., A] with answer_mask bool [..., A] (e.g. `env.answer` of the start state).
+
+  Probe k puts the answer in turn k's action slot (the context is the trajectory up to
+  that slot, which causal attention makes exact whatever follows), one teacher-forced
+  forward per k = 0 .. K−1. Index K (after a K-th turn) has no slot and is not probed:
+  it repeats index K−1 (IGPO reads p only before a trajectory's last turn).
+  """
+  k = num_turns_of(env, num_turns)
+  action_pos, _, _ = slot_layout(env, k)
+  shape = tokens.shape
+  flat = tokens.reshape(-1, shape[-1]).astype(jnp.int32)
+  ans = answer.reshape(-1, answer.shape[-1]).astype(jnp.int32)
+  amask = answer_mask.reshape(ans.shape)
+
+  def probe(_, pos):  # pos [A]: the action slot the answer goes into
+    x = flat.at[:, pos].set(ans)
+    lp, _ = decoder.token_logprobs(params, pcfg, x[:, :1], x[:, 1:])
+    lp = jnp.take(lp, pos - 1, axis=1)  # [R, A]: log p of each answer token
+    return None, jnp.sum(jnp.where(amask, lp, 0.0), -1) / jnp.maximum(jnp.sum(amask, -1), 1)
+
+  _, out = jax.lax.scan(probe, None, jnp.asarray(action_pos, jnp.int32))
+  out = jnp.concatenate([out, out[-1:]], 0).T  # [R, K+1]
+  return out.reshape(shape[:-1] + (k + 1,))

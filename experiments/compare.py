@@ -16,6 +16,7 @@ matched generated-token budget, and paired differences over seeds against GRPO
 (`config.baseline`), see `run_experiment`; `--config.lr_grid='(1e-4,3e-4)'` sweeps lr.
 """
 
+import importlib
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as tempo_config
 from experiments import loop, plots, stats
@@ -109,7 +111,9 @@ def paired_stats(results: dict, baseline: str, level: float = 0.95) -> dict:
       continue
     base = {r['seed']: r for r in results[ref]}
     entry = dict(baseline=ref)
-    for key in ('final_acc', 'acc_at_budget'):
+    for key in ('final_acc', 'acc_at_budget', 'acc_at_env_steps'):
+      if key not in runs[0]:
+        continue
       pairs = [(r[key], base[r['seed']][key]) for r in runs if r['seed'] in base]
       pairs = [p for p in pairs if np.isfinite(p[0]) and np.isfinite(p[1])]
       a, b = np.asarray(pairs, float).reshape(-1, 2).T
@@ -132,7 +136,9 @@ def run_experiment(cfg, workdir: str) -> dict:
   (chosen on the same held-out set it is reported on, so optimistic for every method alike).
   """
   if cfg.quick:
-    (lm_config if loop.is_text(cfg) else tempo_config).shrink(cfg)
+    shrink = (lm_config if loop.is_text(cfg) else
+              agents_config if loop.is_agent(cfg) else tempo_config).shrink
+    shrink(cfg)
   loop.check_config(cfg)
   methods = [f'{c}:{s}' for c, s in loop.parse_methods(cfg.methods)]
   baseline = cfg.get('baseline', 'grpo:iid')
@@ -182,9 +188,13 @@ def run_experiment(cfg, workdir: str) -> dict:
   results = {m: cells[m, best[m]][0] for m in methods}
   rows = {m: cells[m, best[m]][1] for m in methods}
   budget = matched_budget(rows)
+  agent = loop.is_agent(cfg)  # multi-turn: also at matched environment steps
+  steps_budget = matched_budget(rows, 'env_steps_total') if agent else None
   for m in methods:
     for s, rws in zip(results[m], rows[m]):
       s['acc_at_budget'] = acc_at(rws, budget)
+      if agent:
+        s['acc_at_env_steps'] = acc_at(rws, steps_budget, 'env_steps_total')
   label = lambda m: m if best[m] is None else f'{m} lr={best[m]:g}'
   writer = jax.process_index() == 0  # multi-host: every process computes, one writes
   paths = plots.plot_runs({label(m): rows[m] for m in methods}, workdir, title=(
@@ -197,6 +207,11 @@ def run_experiment(cfg, workdir: str) -> dict:
                  'copied prefixes excluded) at the largest budget every run reached',
       acc={m: dict(mean=float(np.mean(a := [s['acc_at_budget'] for s in results[m]])),
                    std=float(np.std(a)), per_seed=a) for m in methods})
+  if agent:
+    matched['budget_env_steps'] = steps_budget
+    matched['acc_at_env_steps'] = {
+        m: dict(mean=float(np.mean(a := [s['acc_at_env_steps'] for s in results[m]])),
+                std=float(np.std(a)), per_seed=a) for m in methods}
   summary = dict(sft=sft_info, methods=results, total_wall_s=time.time() - t0, plots=paths,
                  task=cfg.task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
                                                    results[m][0]['group_size'] for m in results},
@@ -259,6 +274,17 @@ def format_table(summary, pass_k) -> str:
       n = (pick('final_acc') or {}).get('n', 0)
       lines.append(f'{m:>26} {e["baseline"]:>20} {n:>2} {_ci(pick("final_acc")):>26} '
                    f'{_ci(pick("acc_at_budget")):>26}')
+  if 'budget_env_steps' in matched:
+    steps = matched['budget_env_steps']
+    lines.append(f'\nMulti-turn: success at {steps:.0f} environment steps (the most every run took; '
+                 f'forks\' copied turns excluded), mean±std, and paired Δ vs baseline')
+    sub = f'{"method":>26} {"acc@env steps":>15} {"Δ acc@env steps":>26}'
+    lines += [sub, '-' * len(sub)]
+    by = (paired or {}).get('by_method', {})
+    for m, runs in summary['methods'].items():
+      e = by.get(m, {}).get('acc_at_env_steps')
+      lines.append(f'{m:>26} {ms([r["acc_at_env_steps"] for r in runs]):>15} '
+                   f'{_ci(None if e is None else e[paired.get("printed", "t")]):>26}')
   if grid:
     lines.append(f'\nLearning-rate grid: final acc mean±std over seeds (best by {grid["selected_by"]} marked *)')
     sub = f'{"method":>26} ' + ' '.join(f'{"lr " + f"{lr:g}":>13}' for lr in grid['grid'])
@@ -273,7 +299,8 @@ def format_table(summary, pass_k) -> str:
 
 def main(name: str):
   """Entry point of `experiments/<name>.py`: --config defaults to configs/<name>.py."""
-  reference = lambda: (lm_config if name == 'lm' else tempo_config).get_config()
+  reference = lambda: loop.reference_config(
+      importlib.import_module(f'configs.{name}').get_config())
   try:  # ml_collections applies --config.* overrides here, with a terse KeyError on a typo.
     config = config_flags.DEFINE_config_file(
         'config', os.path.join(CONFIG_DIR, f'{name}.py'), 'Experiment config (ml_collections).')

@@ -37,10 +37,11 @@ from tqdm.auto import tqdm
 import credit
 import envs
 import trees
+from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as default_config
 from envs import text_tasks
-from experiments import sampling, text_rollouts
+from experiments import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
 from experiments import train_step as ts
 from trees import packing as packing_lib
@@ -57,6 +58,7 @@ SAMPLER_FIELDS = {
     'tree_entropy': ('num_chains', 'num_forks', 'num_continuations', 'score'),
     'tree_cutpoints': ('num_chains', 'num_forks', 'num_continuations', 'cut_threshold',
                        'cut_every'),
+    'tree_turns': ('num_chains', 'num_continuations', 'fork_turn'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
@@ -72,7 +74,7 @@ def check_config(cfg, reference=None, prefix=''):
   Also checks the task, sampler, credit estimator and loss settings by name.
   """
   if reference is None:
-    reference = lm_config.get_config() if is_text(cfg) else default_config.get_config()
+    reference = reference_config(cfg)
   for key in cfg.keys():
     path = prefix + key
     if key not in reference:
@@ -84,11 +86,21 @@ def check_config(cfg, reference=None, prefix=''):
     return
   if is_text(cfg):
     text_tasks.make_text_task(cfg.task.name, **dict(cfg.task.kwargs))
+  elif is_agent(cfg):
+    envs.get_env(cfg.task.name, **dict(cfg.task.kwargs))
   else:
     envs.get(cfg.task.name, **dict(cfg.task.kwargs))
   credit.get(cfg.credit.name)
   if cfg.sampler.name not in SAMPLERS:
     raise ValueError(f'unknown sampler {cfg.sampler.name!r}; valid: {", ".join(SAMPLERS)}')
+  agent_samplers = agent_rollouts.SAMPLERS
+  for _, sampler in parse_methods(cfg.methods) + [(None, cfg.sampler.name)]:
+    if is_agent(cfg) and sampler not in agent_samplers:
+      raise ValueError(f'sampler {sampler!r} does not play multi-turn environments; valid: '
+                       f'{", ".join(agent_samplers)}')
+    if not is_agent(cfg) and sampler == 'tree_turns':
+      raise ValueError("sampler 'tree_turns' forks multi-turn episodes; use it with a "
+                       "multi-turn environment (configs/agents.py)")
   loss_config(cfg)
   if cfg.train.packing not in PACKING:
     raise ValueError(f'unknown train.packing {cfg.train.packing!r}; valid: {", ".join(PACKING)}')
@@ -140,6 +152,8 @@ def group_size(scfg) -> int:
     return scfg.group_size
   if scfg.name == 'tree_fixed':
     return int(np.prod(scfg.branching))
+  if scfg.name == 'tree_turns':
+    return scfg.num_chains * (1 + scfg.num_continuations)
   return scfg.num_chains * (1 + scfg.num_forks * scfg.num_continuations)
 
 
@@ -278,17 +292,18 @@ def credit_fn(name: str, hparams_json: str, tree: bool):
   """Jitted estimator (tree building included) for rollouts [B, G, L].
 
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
-  step_ends=None) -> (advantages, loss mask); the last three may be None.
+  step_ends=None, policy_mask=None, turns=None) -> (advantages, loss mask); ref_logprobs
+  and the optional ones may be None (policy_mask and turns: multi-turn trajectories).
   """
   est, hp = credit.get(name), json.loads(hparams_json)
 
   @jax.jit
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
-         step_ends=None):
+         step_ends=None, policy_mask=None, turns=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
-                               step_ends=step_ends)
+                               step_ends=step_ends, policy_mask=policy_mask, turns=turns)
     adv = est(rollouts, **hp)
     return adv, credit.loss_mask(name, rollouts, adv, **hp)
 
@@ -335,15 +350,33 @@ class JaxProblem:
   def evaluate(self, params, ecfg) -> dict:
     return evaluate(params, self.pcfg, self.task, ecfg)
 
+  def demonstrations(self, key, n: int):
+    """(prompts [n, P], responses [n, L], mask [n, L]) of the task's demonstrations."""
+    return _demo_batch(key, task=self.task, n=n)
+
 
 def is_text(cfg) -> bool:
   """Text task on a pretrained model (configs/lm.py) rather than a JAX task."""
   return 'lm' in cfg
 
 
+def is_agent(cfg) -> bool:
+  """Multi-turn environment (configs/agents.py) rather than a single-turn task."""
+  return 'agent' in cfg
+
+
+def reference_config(cfg):
+  """The config module cfg is an instance of (its valid fields)."""
+  if is_text(cfg):
+    return lm_config.get_config()
+  return agents_config.get_config() if is_agent(cfg) else default_config.get_config()
+
+
 def build_problem(cfg):
-  """JaxProblem or text_rollouts.TextProblem for cfg."""
-  return text_rollouts.TextProblem(cfg) if is_text(cfg) else JaxProblem(cfg)
+  """JaxProblem, text_rollouts.TextProblem or agent_rollouts.AgentProblem for cfg."""
+  if is_text(cfg):
+    return text_rollouts.TextProblem(cfg)
+  return agent_rollouts.AgentProblem(cfg) if is_agent(cfg) else JaxProblem(cfg)
 
 
 # ----------------------------------------------------------------------------
@@ -461,10 +494,11 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   """
   check_config(cfg)
   progress = cfg.progress if progress is None else progress
-  task = build_task(cfg)
-  pcfg = policy_config(cfg, task)
+  problem = build_problem(cfg)
+  pcfg = problem.pcfg
   sub = ml_collections.ConfigDict({'task': cfg.task.to_dict(), 'model': cfg.model.to_dict(),
-                                   'sft': cfg.sft.to_dict()})
+                                   'sft': cfg.sft.to_dict(),
+                                   **({'agent': cfg.agent.to_dict()} if is_agent(cfg) else {})})
   fp, flat = fingerprint(sub)
   s = cfg.sft
   tx = ts.make_optimizer(s.lr, s.warmup_steps, s.weight_decay, cfg.optimizer.grad_clip)
@@ -478,13 +512,13 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   bar = tqdm(range(s.steps), desc='SFT', disable=not progress, leave=False)
   loss = float('nan')
   for i in bar:
-    prompts, responses, mask = _demo_batch(jax.random.fold_in(key, i), task=task, n=s.batch_size)
+    prompts, responses, mask = problem.demonstrations(jax.random.fold_in(key, i), s.batch_size)
     state, m = ts.sft_step_jit(state, prompts, responses, mask, cfg=pcfg)
     if i % 20 == 0 or i == s.steps - 1:
       loss = float(m['loss'])
       bar.set_postfix(loss=f'{loss:.3f}')
   wall = time.time() - t0
-  ev = evaluate(state.params, pcfg, task, cfg.eval)
+  ev = problem.evaluate(state.params, cfg.eval)
   info = dict(loss=loss, wall_s=wall, **ev)
   save_checkpoint(mngr, s.steps, state, dict(fingerprint=fp, config=flat, done=True, info=info))
   mngr.close()
@@ -538,8 +572,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   state = ts.shard_state(state, mesh)
   ref_params = init_params
   writer = MetricsWriter(os.path.join(workdir, 'metrics.jsonl'), start if restored else None)
-  gen_total = max([r.get('generated_tokens_total', 0.0) for r in read_metrics(writer.path)] + [0.0]
-                  ) if restored is not None and os.path.exists(writer.path) else 0.0
+  old_rows = (read_metrics(writer.path) if restored is not None and os.path.exists(writer.path)
+              else [])
+  gen_total = max([r.get('generated_tokens_total', 0.0) for r in old_rows] + [0.0])
+  env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   scfg, b = cfg.sampler, cfg.rl.prompts_per_step
   est = credit_fn(cfg.credit.name, json.dumps(cfg.credit.hparams.to_dict()
                                               if hasattr(cfg.credit.hparams, 'to_dict')
@@ -555,6 +591,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
     raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards '
                      f'(token_rewards, step_ends), which task {cfg.task.name!r} does not '
                      f'provide; use a chain-of-thought task (scratch_add, countdown_steps)')
+  if 'turns' in credit.needs(cfg.credit.name) and not hasattr(problem, 'turns'):
+    raise ValueError(f'credit {cfg.credit.name!r} assigns credit to the turns of multi-turn '
+                     f'trajectories; task {cfg.task.name!r} is single-turn (use a multi-turn '
+                     f'environment, configs/agents.py)')
   use_packing, pack_len = packing_applies(cfg, b), 0
   key = jax.random.PRNGKey(run_seed)
   n_dev = mesh.size
@@ -581,8 +621,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if b % n_dev == 0:
         # Every process drew the whole batch (same key); each feeds its devices' rows.
         prompts, plen = ts.host_batch_to_global((prompts, plen), mesh)
-      samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1), prompts,
-                       prompt_ids=draw.prompt_ids, prompt_len=plen)
+      if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
+        samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw)
+      else:
+        samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1), prompts,
+                         prompt_ids=draw.prompt_ids, prompt_len=plen)
       rewards, reward_metrics = problem.rewards(draw, samples)
       rewards.block_until_ready()
       t1 = time.perf_counter()
@@ -604,8 +647,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       old_lp.block_until_ready()
       t2 = time.perf_counter()
       process = problem.process_rewards(draw, samples) if need_process else (None, None)
+      turns = (problem.turns(state.params, draw, samples, credit.needs(cfg.credit.name))
+               if hasattr(problem, 'turns') else None)
       adv, loss_mask = est(samples.tokens, samples.mask, train_rewards, samples.parent,
-                           samples.fork, old_lp, ref_lp, *process)
+                           samples.fork, old_lp, ref_lp, *process,
+                           policy_mask=getattr(samples, 'policy_mask', None), turns=turns)
       adv.block_until_ready()
       t3 = time.perf_counter()
       batch = ts.batch_from_samples(prompts, samples.tokens, loss_mask, adv, old_lp, ref_lp,
@@ -618,13 +664,20 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                      interrupted=True)
       m = {k_: float(v) for k_, v in m.items()}
       t4 = time.perf_counter()
-      ntok = float(jnp.sum(samples.mask))
-      gen = ntok - float(jnp.sum(jnp.where(samples.parent >= 0, jnp.minimum(  # forks' copied
-          samples.fork, samples.lengths), 0)))  # prefixes are not generated; i.i.d.: fork 0
+      ntok = float(jnp.sum(getattr(samples, 'policy_mask', samples.mask)))  # trained tokens
+      if hasattr(samples, 'generated_tokens'):  # multi-turn: copied turns are not generated
+        gen = float(samples.generated_tokens)
+        steps_now = float(samples.env_steps)
+        env_steps_total += steps_now
+        counts = dict(env_steps=steps_now, env_steps_total=env_steps_total)
+      else:
+        gen = ntok - float(jnp.sum(jnp.where(samples.parent >= 0, jnp.minimum(  # forks' copied
+            samples.fork, samples.lengths), 0)))  # prefixes are not generated; i.i.d.: fork 0
+        counts = {}
       gen_total += gen
       r = ts.host_value(rewards)  # all rows, on every process
       row = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
-                 generated_tokens=gen, generated_tokens_total=gen_total,
+                 generated_tokens=gen, generated_tokens_total=gen_total, **counts,
                  reward=float(r.mean()), frac_groups_with_signal=float(np.mean(r.max(-1) > r.min(-1))),
                  response_len=ntok / r.size, **m,
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,

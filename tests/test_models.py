@@ -48,8 +48,9 @@ def test_gqa_equals_full_attention_with_repeated_kv_heads():
         'kernel': np.repeat(params['blocks'][name]['kernel'], rep, axis=2),
         'bias': np.repeat(params['blocks'][name]['bias'], rep, axis=1)}
   tokens = _tokens(0, (2, 9), cfg.vocab_size)
+  # Logits of magnitude ~5 summed in another order: 1e-5 failed once by 1.4e-5 on CI-class CPUs.
   np.testing.assert_allclose(decoder.forward(params, cfg, tokens),
-                             decoder.forward(full, full_cfg, tokens), atol=1e-5)
+                             decoder.forward(full, full_cfg, tokens), atol=5e-5)
   assert decoder.init_cache(cfg, 3).k.shape == (2, 3, 16, 2, 8)
 
 

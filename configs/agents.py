@@ -1,0 +1,63 @@
+"""Multi-turn agents: turn-level credit vs GRPO on a JAX environment, from an expert warm start.
+
+`python -m experiments.agents` runs every agent estimator against GRPO; the per-paper
+scripts (experiments/gigpo.py, gagpo, salt, graphgpo, gtpo, cast, igpo, tree_grpo_turns)
+run one estimator against GRPO with configs built by `paper` below.
+
+Default budget (2 CPU cores, minutes per run): `household` (ALFWorld-style: find the
+object, maybe clean it at the sink, put it in the goal receptacle; reward 1 on success,
+K = 8 turns), a d=64/2-layer policy warm-started by 150 SFT steps on the environment's
+privileged expert (it knows where the object lies, so imitating it teaches the action
+format and the sub-goal order but not where to look: the warm start succeeds on about
+a third of the episodes and RL has to learn the search), then 30 RL steps of 16 start
+states x G=8 trajectories (the same 3,840 episodes per run), 3 seeds.
+Samplers: 'iid' (G i.i.d. trajectories per start state) and 'tree_turns' (num_chains
+chains, each forked into 1 + num_continuations at turn boundary fork_turn by copying the
+environment state and the KV cache: G = num_chains (1 + num_continuations)).
+"""
+
+import ml_collections
+
+from configs import tempo
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = tempo.get_config()
+  c.methods = ('grpo:iid,tempo:iid,gigpo:iid,gagpo:iid,salt:iid,graphgpo:iid,gtpo:iid,'
+               'cast:iid')
+  c.task = ml_collections.ConfigDict(dict(name='household', kwargs={'max_turns': 8}))
+  # num_turns: K of the sampler (0 = the environment's max_turns); gamma: the discount of
+  # solver values (CAST) — the estimators' own gamma is in credit.hparams.
+  c.agent = ml_collections.ConfigDict(dict(num_turns=0, gamma=0.95))
+  c.model = ml_collections.ConfigDict(dict(d_model=64, num_layers=2, num_heads=4, d_ff=192))
+  c.sampler.update(group_size=8, num_chains=4, num_continuations=1)
+  c.sampler.fork_turn = 2
+  c.sft.update(steps=150, batch_size=32, lr=1e-3, warmup_steps=20)
+  c.rl.update(steps=30, prompts_per_step=16, ckpt_every=10)
+  c.optimizer.lr = 3e-4
+  c.loss.update(num_minibatches=2)
+  c.eval.update(every=5, num_prompts=256, pass_k=8, pass_prompts=32)
+  return c
+
+
+def paper(methods: str, **overrides) -> ml_collections.ConfigDict:
+  """A per-paper comparison: `get_config()` with `methods` (always including GRPO, the
+  outcome baseline, on the same environment and rollout budget) and config overrides
+  given as {'task': {...}, 'credit': {...}, 'sampler': {...}}."""
+  c = get_config()
+  c.methods = methods
+  for section, values in overrides.items():
+    c[section].update(values)
+  return c
+
+
+def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The --config.quick=True smoke run (about a minute on 2 CPU cores)."""
+  c.model.update(d_model=32, num_layers=1, num_heads=2, d_ff=64)
+  c.task.kwargs['max_turns'] = 6
+  c.sampler.update(group_size=4, num_chains=2, num_continuations=1, fork_turn=1)
+  c.sft.update(steps=10, batch_size=32, warmup_steps=2)
+  c.rl.update(steps=2, prompts_per_step=4, ckpt_every=2)
+  c.eval.update(every=2, num_prompts=16, pass_k=4, pass_prompts=4)
+  c.seeds = (0,)
+  return c

@@ -1,0 +1,11 @@
+"""SALT: a step's advantage is the mean trajectory advantage through it, vs GRPO.
+
+Environment `household`; `configs.agents.paper`: the agents' default budget (expert warm start,
+30 RL steps x 16 start states x G = 8, 3 seeds) for every method.
+"""
+
+from configs import agents
+
+
+def get_config():
+  return agents.paper('grpo:iid,salt:iid')

@@ -1,0 +1,211 @@
+"""The multi-turn side of the loop: environment episodes in, turn-structured rollouts out.
+
+An `AgentProblem` gives the RL loop (`experiments/loop.py`) what a JAX task gives it,
+for a multi-turn environment (`envs.get_env`) played by the decoder policy through
+`experiments.agent_sampling`:
+  draw(key, step, n)        -> Draw: n fresh episodes (`env.reset`); the prompt of a
+                               group is its start state's observation [n, O];
+  sample(params, scfg, key, draw) -> AgentSamples [n, G, ...]: 'iid' (G trajectories per
+                               start state) or 'tree_turns' (chains forked at a turn
+                               boundary by copying env state and KV cache);
+  rewards(draw, samples)    -> (episode returns [n, G], metrics);
+  turns(params, draw, samples, needs) -> `credit.Turns`, with solver values (CAST) or answer
+                               probes (IGPO) when the estimator needs them;
+  evaluate(params, ecfg)    -> greedy success rate ('greedy_acc'), mean return,
+                               pass@k of k sampled episodes, on fixed held-out episodes;
+  demonstrations(key, n)    -> the environment's expert episodes, for the SFT warm start.
+
+Layout: a trajectory is the sampler's one token sequence; the initial observation is
+the prompt (the same for the G trajectories of a group) and everything after it the
+"response" [L = K (A + O)]: `mask` is the trajectory's span (actions and observations
+of the taken turns, one run from 0), `policy_mask` its action tokens. So the update
+step, tree packing and every token-level estimator (GRPO, TEMPO over whole
+trajectories, Tree-GRPO over turns) run unchanged, and only action tokens are trained
+(`credit.loss_mask`). The loop counts generated tokens (action tokens not copied from
+a parent) and environment steps (taken turns not copied) per step.
+"""
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+import credit
+import envs
+from experiments import agent_sampling as ags
+from experiments.models import decoder
+from experiments.text_rollouts import Draw
+
+SAMPLERS = ('iid', 'tree_turns')
+
+
+@struct.dataclass
+class AgentSamples:
+  """Sampled trajectories without their initial observation (the prompt): [B, G, L].
+
+  Attributes:
+    tokens: int32 [B, G, L], actions and observations of every turn slot.
+    mask: bool [B, G, L], the span of the taken turns (one run from 0).
+    policy_mask: bool [B, G, L], the generated action tokens (inside mask).
+    logprobs: float32 [B, G, L], sampling log-probs on policy tokens, 0 elsewhere.
+    parent: int32 [B, G], the trajectory each one forked from, -1 for chains.
+    fork: int32 [B, G], leading tokens copied from the parent (`trees.from_forks`).
+    fork_turn: int32 [B, G], turns copied from the parent.
+    turns: `credit.Turns` of the trajectories (token_turn in these coordinates).
+    episodes: the sampler's `agent_sampling.Episodes` (whole trajectories).
+  """
+
+  tokens: jax.Array
+  mask: jax.Array
+  policy_mask: jax.Array
+  logprobs: jax.Array
+  parent: jax.Array
+  fork: jax.Array
+  fork_turn: jax.Array
+  turns: credit.Turns
+  episodes: ags.Episodes
+
+  @property
+  def lengths(self) -> jax.Array:
+    """int32 [B, G]: span lengths."""
+    return jnp.sum(self.mask, -1, dtype=jnp.int32)
+
+  @property
+  def generated_tokens(self) -> jax.Array:
+    """Action tokens sampled for this batch (forks' copied turns excluded)."""
+    own = self.turns.token_turn >= self.fork_turn[..., None]
+    return jnp.sum(self.policy_mask & own)
+
+  @property
+  def env_steps(self) -> jax.Array:
+    """Environment steps taken for this batch (forks' copied turns excluded)."""
+    k = self.turns.turn_mask.shape[-1]
+    return jnp.sum(self.turns.turn_mask & (jnp.arange(k) >= self.fork_turn[..., None]))
+
+
+def split_prompt(episodes: ags.Episodes, env) -> tuple[jax.Array, AgentSamples]:
+  """(prompts [B, O], AgentSamples [B, G, L]) of whole-trajectory episodes [B, G, T]."""
+  o, slot = env.obs_len, env.action_len + env.obs_len
+  cut = lambda x: x[..., o:]
+  e = episodes
+  mask = cut(e.span_mask)
+  fork = jnp.minimum(e.fork_turn * slot, jnp.sum(mask, -1))  # a chain may end before it
+  turns = credit.Turns(state_ids=e.state_ids, rewards=e.turn_rewards, turn_mask=e.turn_mask,
+                       token_turn=cut(e.token_turn), success=e.success)
+  samples = AgentSamples(tokens=cut(e.tokens), mask=mask, policy_mask=cut(e.policy_mask),
+                         logprobs=cut(e.logprobs), parent=e.parent,
+                         fork=jnp.where(e.parent >= 0, fork, 0).astype(jnp.int32),
+                         fork_turn=e.fork_turn, turns=turns, episodes=e)
+  return e.tokens[:, 0, :o], samples
+
+
+@functools.partial(jax.jit, static_argnames=('env', 'n'))
+def _reset(key, *, env, n):
+  return env.reset(key, n)
+
+
+@functools.partial(jax.jit, static_argnames=('env', 'n', 'num_turns'))
+def _demos(key, *, env, n, num_turns):
+  episodes = ags.expert_episodes(env, key, n, num_turns=num_turns)
+  prompts, samples = split_prompt(episodes, env)
+  squeeze = lambda x: x[:, 0]
+  return prompts, squeeze(samples.tokens), squeeze(samples.policy_mask), episodes.success
+
+
+@functools.partial(jax.jit, static_argnames=('env',))
+def _answers(state, *, env):
+  return env.answer(state)
+
+
+class AgentProblem:
+  """A multi-turn environment for the loop (see the module docstring).
+
+  cfg.task.name / cfg.task.kwargs name the environment (`envs.get_env`);
+  cfg.agent.num_turns (0 = the environment's max_turns) is K, the static turn count
+  of the sampler; cfg.agent.gamma is the discount used for solver values (CAST).
+  """
+
+  def __init__(self, cfg):
+    self.env = envs.get_env(cfg.task.name, **dict(cfg.task.kwargs))
+    self.num_turns = ags.num_turns_of(self.env, cfg.agent.num_turns or None)
+    self.gamma = float(cfg.agent.gamma)
+    env = self.env
+    self.pcfg = decoder.PolicyConfig(vocab_size=env.vocab_size,
+                                     max_len=ags.sequence_length(env, self.num_turns),
+                                     **dict(cfg.model))
+    self.eos_id, self.pad_id = env.eoa_id, env.pad_id
+    self.response_len = self.num_turns * (env.action_len + env.obs_len)
+    self.seed = cfg.rl.seed
+
+  def draw(self, key, step: int, n: int) -> Draw:
+    state, obs, obs_mask = _reset(key, env=self.env, n=n)
+    prompts = jnp.where(obs_mask, obs, self.env.pad_id).astype(jnp.int32)
+    return Draw(prompts, None, jnp.arange(n, dtype=jnp.int32) + step * n,
+                (state, obs, obs_mask))
+
+  def sample(self, params, scfg, key, draw: Draw, temperature=None) -> AgentSamples:
+    """G trajectories from each of the draw's start states (sampler scfg.name)."""
+    temperature = scfg.temperature if temperature is None else temperature
+    n = draw.prompts.shape[0]
+    kw = dict(num_turns=self.num_turns, start=draw.handle)
+    if scfg.name == 'iid':
+      episodes = ags.sample_episodes(params, self.pcfg, self.env, key, n, scfg.group_size,
+                                     temperature, **kw)
+    elif scfg.name == 'tree_turns':
+      episodes = ags.fork_episodes(params, self.pcfg, self.env, key, n, scfg.num_chains,
+                                   1 + scfg.num_continuations, scfg.fork_turn, temperature, **kw)
+    else:
+      raise ValueError(f'sampler {scfg.name!r} does not play multi-turn environments; '
+                       f'valid: {", ".join(SAMPLERS)}')
+    return split_prompt(episodes, self.env)[1]
+
+  def rewards(self, draw: Draw, samples: AgentSamples) -> tuple[jax.Array, dict]:
+    e = samples.episodes
+    return e.returns, dict(success=float(jnp.mean(e.success)),
+                           turns=float(jnp.mean(e.lengths)))
+
+  def turns(self, params, draw: Draw, samples: AgentSamples, needs=()) -> credit.Turns:
+    """The samples' `credit.Turns`, with values_star / answer_logprobs if in `needs` (the
+    gold answer, `env.answer`, is fixed by the group's start state)."""
+    turns, e = samples.turns, samples.episodes
+    if 'values_star' in needs:
+      turns = turns.replace(values_star=ags.solver_values(e, self.env, self.gamma))
+    if 'answer_logprobs' in needs:
+      if not hasattr(self.env, 'answer'):
+        raise ValueError(f'environment {self.env.name!r} has no gold answer (env.answer); '
+                         f'IGPO needs one (household, webshop)')
+      answer, mask = _answers(draw.handle[0], env=self.env)
+      g = e.tokens.shape[1]
+      answer, mask = (jnp.repeat(x[:, None], g, 1) for x in (answer, mask))
+      turns = turns.replace(answer_logprobs=ags.answer_logprobs(
+          params, self.pcfg, self.env, e.tokens, answer, mask, num_turns=self.num_turns))
+    return turns
+
+  def evaluate(self, params, ecfg) -> dict:
+    """Greedy success rate and return on eval.num_prompts held-out episodes (a fixed key,
+    eval.seed), and pass@k / mean return of k temperature-1 episodes on eval.pass_prompts."""
+    key = jax.random.PRNGKey(ecfg.seed)
+    start = _reset(jax.random.fold_in(key, 0), env=self.env, n=ecfg.num_prompts)
+    greedy = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 1),
+                                 ecfg.num_prompts, 1, 0.0, num_turns=self.num_turns, start=start)
+    sub = jax.tree.map(lambda x: x[:ecfg.pass_prompts], start)
+    samples = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 2),
+                                  ecfg.pass_prompts, ecfg.pass_k, 1.0, num_turns=self.num_turns,
+                                  start=sub)
+    return {'greedy_acc': float(jnp.mean(greedy.success)),
+            'eval_return': float(jnp.mean(greedy.returns)),
+            'eval_turns': float(jnp.mean(greedy.lengths)),
+            f'pass@{ecfg.pass_k}': float(jnp.mean(jnp.any(samples.success, -1))),
+            'eval_sample_reward': float(jnp.mean(samples.returns))}
+
+  def demonstrations(self, key, n: int):
+    """(prompts [n, O], responses [n, L], loss mask [n, L]): n expert episodes, the loss on
+    their action tokens only."""
+    if not hasattr(self.env, 'expert_action'):
+      raise ValueError(f'environment {self.env.name!r} has no expert (env.expert_action) to '
+                       f'warm-start from; set sft.steps=0')
+    prompts, tokens, policy, _ = _demos(key, env=self.env, n=n, num_turns=self.num_turns)
+    return prompts, tokens, policy

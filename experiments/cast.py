@@ -1,0 +1,12 @@
+"""CAST: turn advantages V*(s') − V*(s) from the environment's solver, vs GRPO.
+
+    python -m experiments.cast [--config.quick=True] [--workdir=/tmp/treecredit/cast]
+
+Methods, environment and budget: configs/cast.py. Shared machinery: experiments/compare.py
+(the loop plays the environment through experiments/agent_rollouts.py).
+"""
+
+from experiments.compare import main
+
+if __name__ == '__main__':
+  main('cast')

@@ -1,0 +1,12 @@
+"""GAGPO: GAE over state values V̂(s) averaged over the group's visits, vs GRPO.
+
+    python -m experiments.gagpo [--config.quick=True] [--workdir=/tmp/treecredit/gagpo]
+
+Methods, environment and budget: configs/gagpo.py. Shared machinery: experiments/compare.py
+(the loop plays the environment through experiments/agent_rollouts.py).
+"""
+
+from experiments.compare import main
+
+if __name__ == '__main__':
+  main('gagpo')

@@ -1,0 +1,318 @@
+"""Multi-turn trajectories in the training loop: policy masks in the registry, token-level
+estimators over whole trajectories (TEMPO, Tree-GRPO over turns) against plain-Python
+references, IGPO and its answer probes, the household solver, packing, and the quick
+agents comparison end to end."""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import credit
+import reference_tree
+import reference_trie
+import trees
+from configs import agents as agents_config
+from credit import agents
+from credit.turns import Turns
+from envs import exact_mdp, household
+from experiments import agent_rollouts, compare, loop
+from experiments import agent_sampling as ags
+from experiments.models import decoder
+from test_agent_sampling import tiny_policy
+
+MDP = exact_mdp.ExactMDP(max_turns=4)
+HOUSE = household.Household(max_turns=6)
+KEY = jax.random.key(3)
+
+
+@pytest.fixture(scope="module")
+def mdp_policy():
+  s, a = MDP.num_states, MDP.num_actions
+  return tiny_policy(MDP, range(s), range(s, s + a))
+
+
+@pytest.fixture(scope="module")
+def house_policy():
+  pcfg = decoder.PolicyConfig(vocab_size=HOUSE.vocab_size, d_model=32, num_layers=1,
+                              num_heads=2, d_ff=64, max_len=ags.sequence_length(HOUSE))
+  return decoder.init_params(jax.random.PRNGKey(1), pcfg), pcfg
+
+
+def unpad(tokens, mask):
+  return [list(map(int, t[m])) for t, m in zip(np.asarray(tokens), np.asarray(mask))]
+
+
+# --------------------------------------------------------------------------- policy_mask
+
+
+def test_policy_mask_zeroes_advantages_and_loss_off_the_policy_tokens():
+  tokens = jnp.asarray([[[1, 2, 3, 4], [1, 2, 5, 6], [1, 7, 3, 4]]], jnp.int32)
+  mask = jnp.asarray([[[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]]], bool)
+  policy = jnp.asarray([[[0, 1, 0, 1], [0, 1, 0, 0], [0, 1, 0, 1]]], bool)
+  rewards = jnp.asarray([[1.0, 0.0, 0.5]])
+  full = credit.Rollouts(tokens, mask, rewards)
+  part = full.replace(policy_mask=policy)
+  for name in ("grpo", "tempo", "rloo", "treerl"):
+    a_full, a_part = credit.get(name)(full), credit.get(name)(part)
+    np.testing.assert_array_equal(a_part, jnp.where(policy, a_full, 0.0))
+    np.testing.assert_array_equal(credit.loss_mask(name, part, a_part), policy)
+  # An estimator with its own loss mask keeps only the policy's tokens of it.
+  lp = jnp.log(jnp.full(tokens.shape, 0.5))
+  spo = part.replace(logprobs=lp)
+  kept = credit.loss_mask("spo_chain", spo, credit.get("spo_chain")(spo))
+  assert not np.any(np.asarray(kept) & ~np.asarray(policy))
+  credit.validate(part)
+  with pytest.raises(ValueError, match="outside mask"):
+    credit.validate(part.replace(policy_mask=policy | ~mask))
+  with pytest.raises(ValueError, match="policy_mask must be boolean"):
+    credit.validate(part.replace(policy_mask=policy.astype(jnp.int32)))
+
+
+# --------------------------------------------------------------------------- token-level estimators
+
+
+def test_tempo_over_whole_trajectories_matches_the_dict_trie(mdp_policy):
+  params, pcfg = mdp_policy
+  ep = ags.sample_episodes(params, pcfg, MDP, KEY, 3, 8)
+  rollouts = ags.to_rollouts(ep)
+  credit.validate(rollouts)
+  adv = np.asarray(credit.get("tempo")(rollouts))
+  policy = np.asarray(ep.policy_mask)
+  assert np.all(adv[~policy] == 0.0)
+  for b in range(3):
+    span = np.asarray(ep.span_mask[b])
+    want = reference_trie.tempo_advantages(unpad(ep.tokens[b], span),
+                                           [float(r) for r in ep.returns[b]])
+    for g in range(8):
+      got = adv[b, g][span[g]]
+      np.testing.assert_allclose(np.where(policy[b, g][span[g]], want[g], 0.0), got, atol=1e-5)
+  # Nothing branches inside a turn's action when every trajectory differs from the first
+  # action on: then TEMPO's TD term vanishes on all later tokens, i.e. equals GRPO there.
+  grpo = np.asarray(credit.get("grpo")(rollouts))
+  assert np.any(adv != grpo) and np.all(np.isfinite(adv))
+
+
+def test_tree_grpo_over_turns_matches_the_reference(mdp_policy):
+  params, pcfg = mdp_policy
+  n, c, fork_turn = 2, 4, 1
+  ep = ags.fork_episodes(params, pcfg, MDP, KEY, 3, n, c, fork_turn)
+  prompts, s = agent_rollouts.split_prompt(ep, MDP)
+  np.testing.assert_array_equal(prompts, ep.tokens[:, 0, :MDP.obs_len])
+  fn = loop.credit_fn("tree_grpo", "{}", True)
+  adv, keep = fn(s.tokens, s.mask, ep.returns, s.parent, s.fork, s.logprobs, None,
+                 policy_mask=s.policy_mask, turns=s.turns)
+  adv, policy = np.asarray(adv), np.asarray(s.policy_mask)
+  np.testing.assert_array_equal(keep, policy)
+  lengths, parent, fork = (np.asarray(x) for x in (s.lengths, s.parent, s.fork))
+  for b in range(3):
+    tree = reference_tree.Tree(reference_tree.sampled_paths(lengths[b], parent[b], fork[b]),
+                               np.asarray(ep.returns[b]))
+    want = reference_tree.tree_grpo(tree)
+    for g in range(n * c):
+      got = adv[b, g, :lengths[b, g]]
+      np.testing.assert_allclose(got, np.where(policy[b, g, :lengths[b, g]], want[g], 0.0),
+                                 atol=1e-5)
+  # Generated tokens and environment steps leave out the forks' copied turns.
+  copied = np.sum(policy & (np.asarray(s.turns.token_turn) < np.asarray(s.fork_turn)[..., None]))
+  assert float(s.generated_tokens) == policy.sum() - copied
+  k = MDP.max_turns
+  taken = np.asarray(s.turns.turn_mask)
+  assert float(s.env_steps) == taken.sum() - np.sum(
+      taken & (np.arange(k) < np.asarray(s.fork_turn)[..., None]))
+
+
+def test_packed_logprobs_of_trajectories_equal_flat_rows(house_policy):
+  params, pcfg = house_policy
+  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 4)
+  prompts, s = agent_rollouts.split_prompt(ep, HOUSE)
+  cfg = agents_config.get_config()
+  packed = loop.pack_groups(cfg.train, prompts, s)
+  flat = loop.rows_logprobs(params, prompts, s.tokens, s.mask, cfg=pcfg)
+  tree = loop.rows_logprobs(params, prompts, s.tokens, s.mask, None, packed, cfg=pcfg)
+  np.testing.assert_allclose(tree, flat, atol=1e-5)
+  # ... and the sampler's log-probs on the policy tokens.
+  np.testing.assert_allclose(np.where(s.policy_mask, flat, 0.0), s.logprobs, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- IGPO
+
+
+def igpo_reference(rewards, mask, logp, gamma, eps=1e-6):
+  """One group, plain Python: IG rewards, z-normalised over the group's turns, returns."""
+  g_n, k_n = len(mask), len(mask[0])
+  n = [sum(row) for row in mask]
+  r = [[rewards[g][k] + (0.0 if k == n[g] - 1 else
+                         np.exp(logp[g][k + 1]) - np.exp(logp[g][k])) for k in range(n[g])]
+       for g in range(g_n)]
+  flat = [x for row in r for x in row]
+  if len(flat) > 1 and max(flat) > min(flat):
+    mu = sum(flat) / len(flat)
+    sd = (sum((x - mu) ** 2 for x in flat) / (len(flat) - 1)) ** 0.5
+    r = [[(x - mu) / (sd + eps) for x in row] for row in r]
+  else:
+    r = [[0.0] * len(row) for row in r]
+  out = [[0.0] * k_n for _ in range(g_n)]
+  for g in range(g_n):
+    acc = 0.0
+    for k in reversed(range(n[g])):
+      acc = r[g][k] + gamma * acc
+      out[g][k] = acc
+  return out
+
+
+def random_turns(rng, batch, g, k):
+  n = rng.integers(0, k + 1, size=batch + (g,))
+  mask = np.arange(k) < n[..., None]
+  rewards = np.where(mask, rng.choice([0.0, 0.5, 1.0], size=mask.shape), 0.0)
+  return Turns(state_ids=rng.integers(0, 5, size=batch + (g, k + 1)).astype(np.int32),
+               rewards=rewards.astype(np.float32), turn_mask=mask,
+               answer_logprobs=np.log(rng.uniform(0.05, 1.0, size=batch + (g, k + 1))
+                                      ).astype(np.float32))
+
+
+def test_igpo_matches_the_reference_and_is_grpo_with_one_turn():
+  rng = np.random.default_rng(0)
+  for gamma in (1.0, 0.9):
+    turns = random_turns(rng, (3,), 5, 4)
+    got = np.asarray(agents.igpo(turns, gamma=gamma))
+    for b in range(3):
+      want = igpo_reference(turns.rewards[b].tolist(), turns.turn_mask[b].tolist(),
+                            turns.answer_logprobs[b].tolist(), gamma)
+      np.testing.assert_allclose(got[b], want, atol=2e-5)
+  one = random_turns(rng, (4,), 6, 1)
+  one = one.replace(turn_mask=np.ones((4, 6, 1), bool))
+  r = np.asarray(one.rewards)[..., 0]
+  grpo = credit.get("grpo")(credit.Rollouts(np.zeros((4, 6, 1), np.int32),
+                                            np.ones((4, 6, 1), bool), r))[..., 0]
+  np.testing.assert_allclose(np.asarray(agents.igpo(one))[..., 0], grpo, atol=1e-6)
+  with pytest.raises(ValueError, match="answer_logprobs"):
+    agents.igpo(one.replace(answer_logprobs=None))
+
+
+def test_answer_probes_equal_teacher_forcing_of_the_answer(house_policy):
+  params, pcfg = house_policy
+  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 2)
+  state = HOUSE.reset(jax.random.fold_in(KEY, 0), 2)[0]
+  answer, amask = HOUSE.answer(state)
+  answer, amask = (jnp.repeat(x[:, None], 2, 1) for x in (answer, amask))
+  got = np.asarray(ags.answer_logprobs(params, pcfg, HOUSE, ep.tokens, answer, amask))
+  action_pos, _, _ = ags.slot_layout(HOUSE)
+  tokens = np.asarray(ep.tokens)
+  for b, g in ((0, 0), (1, 1)):
+    for k in range(HOUSE.max_turns):
+      start = action_pos[k, 0]
+      seq = np.concatenate([tokens[b, g, :start], np.asarray(answer[b, g])])
+      # Padded to one length (one compile; causal attention ignores what follows).
+      seq = np.pad(seq, (0, tokens.shape[-1] - len(seq)))[None]
+      lp, _ = decoder.token_logprobs(params, pcfg, jnp.asarray(seq[:, :1]),
+                                     jnp.asarray(seq[:, 1:]))
+      want = np.mean(np.asarray(lp)[0, start - 1:start - 1 + HOUSE.action_len])
+      np.testing.assert_allclose(got[b, g, k], want, atol=1e-5)
+    assert got[b, g, -1] == got[b, g, -2]  # index K is not probed
+
+
+# --------------------------------------------------------------------------- household solver
+
+
+def test_household_expert_solves_and_its_distances_count_down():
+  env = household.Household(max_turns=8)
+  state = env.reset(jax.random.fold_in(jax.random.key(0), 0), 128)[0]  # expert_episodes' starts
+  d0 = np.asarray(env.optimal_distance(state))
+  assert list(d0) == [len(env.expert_plan(state, i)) for i in range(128)]
+  ep = ags.expert_episodes(env, jax.random.key(0), 128)
+  assert bool(jnp.all(ep.success))
+  d = np.asarray(ep.distances)[:, 0]
+  n = np.asarray(ep.lengths)[:, 0]
+  np.testing.assert_array_equal(n, d0)
+  for k in range(env.max_turns):
+    np.testing.assert_array_equal(d[:, k], np.maximum(d0 - k, 0))
+  # From a state holding another object the expert puts it down first, then solves.
+  other = (state.goal_obj + 1) % household.NUM_OBJ
+  held = state.replace(holding=other.astype(jnp.int32),
+                       obj_loc=state.obj_loc.at[jnp.arange(128), other].set(-1))
+  assert np.all(np.asarray(env.optimal_distance(held)) >= d0 + 1)
+  start = (held, *env.observe(held))
+  ep2 = ags.expert_episodes(env, jax.random.key(0), 128, start=start)
+  assert bool(jnp.all(ep2.success))
+  np.testing.assert_array_equal(ep2.lengths[:, 0], env.optimal_distance(held))
+  # CAST's solver values: γ^(d-1) plus the reward so far; advantages telescope to
+  # R - V*(s_0) on every trajectory.
+  gamma = 0.9
+  values = np.asarray(ags.solver_values(ep, env, gamma))
+  np.testing.assert_allclose(values[:, 0, 0], gamma ** (d0 - 1), rtol=1e-6)
+  cast = np.asarray(agents.cast(Turns(ep.state_ids, ep.turn_rewards, ep.turn_mask,
+                                      values_star=values)))
+  np.testing.assert_allclose(cast.sum(-1)[:, 0], 1.0 - gamma ** (d0 - 1), atol=1e-6)
+  assert np.all(cast[:, 0][np.asarray(ep.turn_mask)[:, 0]] >= -1e-7)  # the expert never loses
+
+
+def test_household_answer_is_the_final_put():
+  state = HOUSE.reset(jax.random.fold_in(jax.random.key(1), 0), 16)[0]
+  answer, mask = HOUSE.answer(state)
+  ep = ags.expert_episodes(HOUSE, jax.random.key(1), 16)
+  _, actions, _ = ags.split_slots(ep.tokens[:, 0], HOUSE)
+  last = np.take_along_axis(np.asarray(actions), np.asarray(ep.lengths)[:, :1, None] - 1, 1)[:, 0]
+  np.testing.assert_array_equal(last, answer)
+  assert bool(jnp.all(mask))
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def quick_agents_cfg(methods):
+  cfg = agents_config.shrink(agents_config.get_config())
+  cfg.progress = False
+  cfg.methods = methods
+  return cfg
+
+
+def test_quick_agents_comparison_end_to_end(tmp_path, capsys):
+  cfg = quick_agents_cfg('grpo:iid,gigpo:iid,cast:iid,igpo:iid,tree_grpo:tree_turns')
+  summary = compare.run_experiment(cfg, str(tmp_path))
+  out = capsys.readouterr().out
+  assert 'environment steps' in out and 'gigpo:iid' in out
+  for method in ('grpo:iid', 'gigpo:iid', 'cast:iid', 'igpo:iid', 'tree_grpo:tree_turns'):
+    rows = loop.read_metrics(os.path.join(compare.run_dir(str(tmp_path), method, 0),
+                                          'metrics.jsonl'))
+    train = [r for r in rows if 'reward' in r]
+    assert len(train) == cfg.rl.steps
+    totals = [r['env_steps_total'] for r in train]
+    assert totals == list(np.cumsum([r['env_steps'] for r in train]))
+    for r in train:
+      assert 0 < r['generated_tokens'] <= r['response_len'] * r['env_steps'] * 10
+      assert 0.0 <= r['success'] <= 1.0 and np.isfinite(r['loss'])
+    assert 'greedy_acc' in rows[-1] and 'eval_return' in rows[-1]
+  s = json.load(open(tmp_path / 'summary.json'))
+  assert np.isfinite(s['matched_tokens']['budget_env_steps'])
+  assert set(s['paired']['by_method']) == {'gigpo:iid', 'cast:iid', 'igpo:iid',
+                                           'tree_grpo:tree_turns'}
+  # Forks copy their chain's first turns: fewer generated tokens than i.i.d. rollouts.
+  assert (s['methods']['tree_grpo:tree_turns'][0]['generated_tokens_total']
+          < s['methods']['grpo:iid'][0]['generated_tokens_total'])
+  assert summary['sft']['greedy_acc'] >= 0.0
+
+
+def test_agent_configs_check_and_wrong_samplers_fail_clearly(tmp_path):
+  for name in ('agents', 'gigpo', 'gagpo', 'salt', 'graphgpo', 'gtpo', 'cast', 'igpo',
+               'tree_grpo_turns'):
+    cfg = __import__(f'configs.{name}', fromlist=['get_config']).get_config()
+    loop.check_config(cfg)
+    assert 'grpo:iid' in cfg.methods.split(',')
+  with pytest.raises(ValueError, match="does not play multi-turn"):
+    loop.check_config(quick_agents_cfg('grpo:tree_fixed'))
+  from configs import tempo
+  cfg = tempo.get_config()
+  cfg.methods = 'grpo:tree_turns'
+  with pytest.raises(ValueError, match="multi-turn environment"):
+    loop.check_config(cfg)
+  cfg = tempo.shrink(tempo.get_config())
+  cfg.progress = False
+  cfg.task.name, cfg.task.kwargs = 'addition', {'num_digits': 3}
+  params = decoder.init_params(jax.random.PRNGKey(0), loop.policy_config(cfg, loop.build_task(cfg)))
+  with pytest.raises(ValueError, match="multi-turn"):
+    loop.train(cfg, str(tmp_path), params, method='gigpo:iid')
