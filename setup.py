@@ -6,7 +6,8 @@ setup(
     version="0.1.0",
     description=__doc__,
     python_requires=">=3.11",
-    packages=["trees", "credit", "envs", "experiments", "experiments.models", "configs"],
+    packages=["trees", "credit", "envs", "experiments", "experiments.models", "experiments.rollouts",
+              "experiments.training", "configs"],
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",

@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Comma-separated "credit:sampler" runs compared by experiments/tempo.py.
   c.methods = 'grpo:iid,tempo:iid'
   c.progress = True  # tqdm bars
-  # Paired statistics (experiments/compare.py): each method vs GRPO on its own sampler
+  # Paired statistics (experiments/training/compare.py): each method vs GRPO on its own sampler
   # ('<credit of baseline>:<sampler>') when that is run, else vs this method.
   c.baseline = 'grpo:iid'
   # Learning-rate sweep: () = off (optimizer.lr); else every method at every lr here,

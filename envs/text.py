@@ -2,7 +2,7 @@
 
 A pretrained model reads chat messages and writes text; its reward comes from a
 Python verifier run on the host after decoding, outside jit, as in every RL
-framework for LLMs (`experiments/text_rollouts.py` wires this into the loop).
+framework for LLMs (`experiments/rollouts/text_rollouts.py` wires this into the loop).
 
     task.examples(split, n, seed) -> [TextExample]   deterministic; train/eval disjoint
     task.messages(example)        -> chat messages [{'role', 'content'}] (subclasses

@@ -8,7 +8,7 @@ Methods, environment and budget: configs/agents.py; the per-paper scripts (gigpo
 salt, graphgpo, gtpo, cast, igpo, tree_grpo_turns) run subsets of it.
 """
 
-from experiments.compare import main
+from experiments.training.compare import main
 
 if __name__ == '__main__':
   main('agents')

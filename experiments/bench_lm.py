@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from experiments import sampling
-from experiments import train_step as ts
+from experiments.rollouts import sampling
+from experiments.training import train_step as ts
 from experiments.models import pretrained
 
 FLAGS = flags.FLAGS

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import sampling
+from experiments.rollouts import sampling
 from experiments.models import decoder
 
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import train_step as ts
+from experiments.training import train_step as ts
 from experiments.bench_credit import median_time
 from experiments.models import decoder
 from trees import packing

@@ -2,11 +2,11 @@
 
     python -m experiments.gigpo [--config.quick=True] [--workdir=/tmp/treecredit/gigpo]
 
-Methods, environment and budget: configs/gigpo.py. Shared machinery: experiments/compare.py
-(the loop plays the environment through experiments/agent_rollouts.py).
+Methods, environment and budget: configs/gigpo.py. Shared machinery: experiments/training/compare.py
+(the loop plays the environment through experiments/rollouts/agent_rollouts.py).
 """
 
-from experiments.compare import main
+from experiments.training.compare import main
 
 if __name__ == '__main__':
   main('gigpo')

@@ -6,7 +6,7 @@
 Everything after `--` is a module (`python -m`) or a script path (`*.py`) and its
 arguments. Each process gets JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>,
 JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i (read by
-`experiments.train_step.maybe_initialize_distributed`), JAX_PLATFORMS=cpu unless
+`experiments.training.train_step.maybe_initialize_distributed`), JAX_PLATFORMS=cpu unless
 --platform says otherwise, and with --devices_per_process D the flag
 --xla_force_host_platform_device_count=D, so the job has N * D CPU devices in all.
 Output lines are prefixed with [p<i>]. If a process fails (or --timeout passes) the

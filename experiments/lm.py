@@ -4,10 +4,10 @@
         [--config.quick=True] [--config.lm.source=/path/to/hf_dir_or.gguf]
 
 Same loop, samplers, estimators and update step as the JAX-task scripts; see
-configs/lm.py for the budget and experiments/compare.py for the workdir layout.
+configs/lm.py for the budget and experiments/training/compare.py for the workdir layout.
 """
 
-from experiments.compare import main
+from experiments.training.compare import main
 
 if __name__ == '__main__':
   main('lm')

@@ -71,7 +71,8 @@ from IPython.display import display
 import credit
 import trees
 from configs import tempo as tempo_config
-from experiments import loop, sampling
+from experiments.rollouts import sampling
+from experiments.training import loop
 """),
     md("""
 ## Supervised warm start

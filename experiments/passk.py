@@ -2,10 +2,10 @@
 
     python -m experiments.passk [--config.quick=True] [--workdir=/tmp/treecredit/passk]
 
-Methods, sampler and budget: configs/passk.py. Shared machinery: experiments/compare.py.
+Methods, sampler and budget: configs/passk.py. Shared machinery: experiments/training/compare.py.
 """
 
-from experiments.compare import main
+from experiments.training.compare import main
 
 if __name__ == '__main__':
   main('passk')

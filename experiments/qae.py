@@ -2,10 +2,10 @@
 
     python -m experiments.qae [--config.quick=True] [--workdir=/tmp/treecredit/qae]
 
-Methods, sampler and budget: configs/qae.py. Shared machinery: experiments/compare.py.
+Methods, sampler and budget: configs/qae.py. Shared machinery: experiments/training/compare.py.
 """
 
-from experiments.compare import main
+from experiments.training.compare import main
 
 if __name__ == '__main__':
   main('qae')

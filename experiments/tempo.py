@@ -3,10 +3,10 @@
     python -m experiments.tempo [--config=configs/tempo.py] [--workdir=/tmp/treecredit/tempo]
         [--config.quick=True] [--config.rl.steps=100] [--config.methods=grpo:iid,tempo:iid]
 
-See `experiments/compare.py` for the workdir layout.
+See `experiments/training/compare.py` for the workdir layout.
 """
 
-from experiments.compare import format_table, main, run_experiment, unknown_override  # noqa: F401
+from experiments.training.compare import format_table, main, run_experiment, unknown_override  # noqa: F401
 
 if __name__ == '__main__':
   main('tempo')

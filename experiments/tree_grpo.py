@@ -2,10 +2,10 @@
 
     python -m experiments.tree_grpo [--config.quick=True] [--workdir=/tmp/treecredit/tree_grpo]
 
-Methods, sampler and budget: configs/tree_grpo.py. Shared machinery: experiments/compare.py.
+Methods, sampler and budget: configs/tree_grpo.py. Shared machinery: experiments/training/compare.py.
 """
 
-from experiments.compare import main
+from experiments.training.compare import main
 
 if __name__ == '__main__':
   main('tree_grpo')

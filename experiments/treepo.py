@@ -2,10 +2,10 @@
 
     python -m experiments.treepo [--config.quick=True] [--workdir=/tmp/treecredit/treepo]
 
-Methods, sampler and budget: configs/treepo.py. Shared machinery: experiments/compare.py.
+Methods, sampler and budget: configs/treepo.py. Shared machinery: experiments/training/compare.py.
 """
 
-from experiments.compare import main
+from experiments.training.compare import main
 
 if __name__ == '__main__':
   main('treepo')

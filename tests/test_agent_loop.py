@@ -20,8 +20,9 @@ from configs import agents as agents_config
 from credit import agents
 from credit.turns import Turns
 from envs import exact_mdp, household
-from experiments import agent_rollouts, compare, loop
-from experiments import agent_sampling as ags
+from experiments.rollouts import agent_rollouts
+from experiments.training import compare, loop
+from experiments.rollouts import agent_sampling as ags
 from experiments.models import decoder
 from test_agent_sampling import tiny_policy
 

@@ -1,4 +1,4 @@
-"""The multi-turn agent sampler (experiments.agent_sampling) against step-by-step env replays
+"""The multi-turn agent sampler (experiments.rollouts.agent_sampling) against step-by-step env replays
 from Python and a teacher-forced forward pass over the whole trajectory."""
 
 import dataclasses
@@ -12,7 +12,7 @@ import pytest
 import credit
 from credit.turns import validate_turns
 from envs import exact_mdp, sokoban
-from experiments import agent_sampling as ags
+from experiments.rollouts import agent_sampling as ags
 from experiments.models import decoder
 
 MDP = exact_mdp.ExactMDP(max_turns=4)

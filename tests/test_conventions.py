@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import credit
-from experiments.train_step import token_weights
+from experiments.training.train_step import token_weights
 
 
 def _rollouts(rewards, lengths=None, length=None, **fields):

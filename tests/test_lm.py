@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from configs import lm as lm_config
-from experiments import compare, loop, sampling
+from experiments.rollouts import sampling
+from experiments.training import compare, loop
 
 
 def quick_cfg():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import tempo as tempo_config
-from experiments import loop
+from experiments.training import loop
 from experiments.models import decoder
 from experiments import tempo as tempo_script
 
@@ -191,7 +191,7 @@ def test_fingerprint_ignores_the_sampler_fields_a_run_does_not_read():
 def test_quick_comparison_reports_matched_tokens_and_paired_intervals(tmp_path):
   """2 methods x 2 seeds on one tree sampler (shared compiled programs): generated tokens
   in the rows, accuracy at a matched generated-token budget, paired intervals vs GRPO."""
-  from experiments import compare
+  from experiments.training import compare
   cfg = quick_cfg()
   cfg.seeds = (0, 1)
   cfg.methods = 'grpo:tree_entropy,tempo:tree_entropy'
@@ -233,7 +233,7 @@ def test_quick_comparison_reports_matched_tokens_and_paired_intervals(tmp_path):
 
 def test_lr_grid_layout_and_best_of_grid(tmp_path, monkeypatch):
   """lr sweep bookkeeping with a stand-in for loop.sft / loop.train (no training)."""
-  from experiments import compare
+  from experiments.training import compare
   cfg = quick_cfg()
   cfg.seeds = (0, 1)
   cfg.methods = 'grpo:iid,tempo:iid'

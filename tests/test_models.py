@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import train_step as ts
+from experiments.training import train_step as ts
 from experiments.models import decoder, gguf_loader, hf_layout, hf_loader
 
 QWEN = decoder.PolicyConfig(vocab_size=40, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2,

@@ -38,10 +38,10 @@ def quick_cfg(steps: int):
 
 def drive(runs: str):
   """Runs `workdir:steps[,workdir:steps...]` in order; process 0 saves <workdir>/params.npz."""
-  from experiments import train_step as ts
+  from experiments.training import train_step as ts
   ts.maybe_initialize_distributed()
   import jax
-  from experiments import loop
+  from experiments.training import loop
   from experiments.models import decoder
   assert jax.process_count() == int(os.environ['JAX_NUM_PROCESSES']), jax.process_count()
   assert jax.device_count() == DEVICES, jax.devices()

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import train_step as ts
+from experiments.training import train_step as ts
 from experiments.models import decoder
 from trees import packing
 

@@ -1,4 +1,4 @@
-"""Tests for experiments/sampling.py (tiny config, CPU, < 60 s)."""
+"""Tests for experiments/rollouts/sampling.py (tiny config, CPU, < 60 s)."""
 
 import dataclasses
 import functools
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from experiments import sampling
+from experiments.rollouts import sampling
 from experiments.models import decoder
 
 CFG = decoder.PolicyConfig(vocab_size=8, d_model=32, num_layers=2, num_heads=2, d_ff=48,

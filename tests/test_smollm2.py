@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import sampling
+from experiments.rollouts import sampling
 from experiments.models import decoder, pretrained
 from trees import packing
 

@@ -1,11 +1,11 @@
-"""Tests for experiments/stats.py against hard-coded references (no scipy)."""
+"""Tests for experiments/training/stats.py against hard-coded references (no scipy)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from experiments import stats
+from experiments.training import stats
 
 # Two-sided 95 % Student t critical values t_{df, 0.975}, df = 1..30 (standard tables).
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,

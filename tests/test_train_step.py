@@ -1,4 +1,4 @@
-"""Tests for experiments.train_step (tiny model: d=32, 1 layer)."""
+"""Tests for experiments.training.train_step (tiny model: d=32, 1 layer)."""
 
 import dataclasses
 import os
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.models import decoder
-from experiments import train_step as ts
+from experiments.training import train_step as ts
 
 CFG = decoder.PolicyConfig(vocab_size=14, d_model=32, num_layers=1, num_heads=2, d_ff=64,
                           max_len=16)

@@ -153,7 +153,7 @@ def test_jit_vmap_and_degenerate_groups(name):
 
 def test_child_mean_values_equal_leaf_means_on_a_full_tree():
   # A fixed (3, 2) tree with 2-token segments: every node at a depth has as many children.
-  from experiments.sampling import fixed_tree
+  from experiments.rollouts.sampling import fixed_tree
   parent, fork, _ = fixed_tree((3, 2), 2)
   rng = np.random.default_rng(0)
   tokens = np.zeros((6, 5), np.int32)

@@ -5,7 +5,7 @@
 
 One SFT warm start, then every "credit:sampler" method in `config.methods` x
 every seed in `config.seeds`, on the same task and rollout budget, through the
-shared loop (`experiments/loop.py`). Layout of the workdir: sft/,
+shared loop (`experiments/training/loop.py`). Layout of the workdir: sft/,
 <credit>_<sampler>/seed<k>/{metrics.jsonl, checkpoints/} (<credit>_<sampler>/lr<lr>/seed<k>/
 with `config.lr_grid`), curves_vs_{step,wall,generated_tokens}.png, summary.json.
 Rerunning with the same workdir resumes or skips finished runs. `--config.quick=True`
@@ -30,10 +30,11 @@ from ml_collections import config_flags
 from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as tempo_config
-from experiments import loop, plots, stats
-from experiments import train_step as ts
+from experiments.training import loop, plots, stats
+from experiments.training import train_step as ts
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          'configs')
 
 
 def unknown_override(argv, reference) -> str | None:
@@ -130,7 +131,7 @@ def run_experiment(cfg, workdir: str) -> dict:
 
   Besides final (matched-steps, i.e. matched-rollouts) accuracy, every method is read at
   a matched generated-token budget (`matched_budget`, `acc_at`), and compared with its
-  GRPO baseline (`baseline_for`) by paired differences over seeds (`experiments.stats`:
+  GRPO baseline (`baseline_for`) by paired differences over seeds (`experiments.training.stats`:
   95 % paired t interval printed, percentile bootstrap also in summary.json). With an lr
   grid each method's reported runs are its best lr by mean final accuracy over seeds
   (chosen on the same held-out set it is reported on, so optimistic for every method alike).

@@ -34,7 +34,7 @@ node N + n (C - 1) + c - 1, whose turns before the fork are copied. Stochastic
 environments keep their random stream in the state, so forks copying the state
 share it (for `ExactMDP` the same action at the same turn gives the same
 transition). Log-probs are under the untempered policy (temperature 1), as in
-`experiments.sampling`; temperature (traced; 0 = greedy) is the only sampling
+`experiments.rollouts.sampling`; temperature (traced; 0 = greedy) is the only sampling
 setting (no top-k / top-p).
 """
 
@@ -48,7 +48,7 @@ from flax import struct
 
 import credit
 from credit.turns import episode_returns
-from experiments import sampling
+from experiments.rollouts import sampling
 from experiments.models import decoder
 
 
@@ -116,7 +116,7 @@ def to_rollouts(episodes: Episodes, **turn_fields) -> credit.Rollouts:
   that get advantages through `credit.get` and enter the loss), rewards = total
   reward, logprobs = sampling log-probs, turns = `credit.Turns` (state ids, turn
   rewards, turn mask, token_turn, success, plus `turn_fields`, e.g. values_star or
-  answer_logprobs). `tree` is left None (see `experiments.agent_rollouts` for the
+  answer_logprobs). `tree` is left None (see `experiments.rollouts.agent_rollouts` for the
   sampled tree of forks).
   """
   e = episodes

@@ -41,9 +41,9 @@ from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as default_config
 from envs import text_tasks
-from experiments import agent_rollouts, sampling, text_rollouts
+from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
-from experiments import train_step as ts
+from experiments.training import train_step as ts
 from trees import packing as packing_lib
 
 SAMPLERS = default_config.SAMPLERS

@@ -1,6 +1,6 @@
 """The text-task side of the loop: chat prompts in, host-verified rewards out.
 
-A `TextProblem` gives the RL loop (`experiments/loop.py`) what a JAX task gives
+A `TextProblem` gives the RL loop (`experiments/training/loop.py`) what a JAX task gives
 it, for a pretrained model and a text task (`envs.text_tasks`):
   draw(step, n)         -> Draw: prompts [n, P] right-padded chat-template token ids,
                            prompt_len [n], stable prompt ids, the examples;
@@ -25,7 +25,8 @@ import numpy as np
 
 from envs import text as text_lib
 from envs import text_tasks
-from experiments import sampling, train_step
+from experiments.rollouts import sampling
+from experiments.training import train_step
 from experiments.models import decoder, pretrained
 
 

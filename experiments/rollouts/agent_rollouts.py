@@ -1,8 +1,8 @@
 """The multi-turn side of the loop: environment episodes in, turn-structured rollouts out.
 
-An `AgentProblem` gives the RL loop (`experiments/loop.py`) what a JAX task gives it,
+An `AgentProblem` gives the RL loop (`experiments/training/loop.py`) what a JAX task gives it,
 for a multi-turn environment (`envs.get_env`) played by the decoder policy through
-`experiments.agent_sampling`:
+`experiments.rollouts.agent_sampling`:
   draw(key, step, n)        -> Draw: n fresh episodes (`env.reset`); the prompt of a
                                group is its start state's observation [n, O];
   sample(params, scfg, key, draw) -> AgentSamples [n, G, ...]: 'iid' (G trajectories per
@@ -35,9 +35,9 @@ from flax import struct
 
 import credit
 import envs
-from experiments import agent_sampling as ags
+from experiments.rollouts import agent_sampling as ags
 from experiments.models import decoder
-from experiments.text_rollouts import Draw
+from experiments.rollouts.text_rollouts import Draw
 
 SAMPLERS = ('iid', 'tree_turns')
 
