@@ -138,7 +138,6 @@ class AgentProblem:
                                      **dict(cfg.model))
     self.eos_id, self.pad_id = env.eoa_id, env.pad_id
     self.response_len = self.num_turns * (env.action_len + env.obs_len)
-    self.seed = cfg.rl.seed
 
   def draw(self, key, step: int, n: int) -> Draw:
     state, obs, obs_mask = _reset(key, env=self.env, n=n)

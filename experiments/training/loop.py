@@ -12,6 +12,10 @@ function of (config, step) and resuming is exact):
   advantages = credit.get(name)(Rollouts(..., tree=trees.from_forks(...) for tree samplers))
   loss mask = credit.loss_mask(name, ...)            (the sampled mask for most estimators)
   state, metrics = train_step(state, batch)
+The task side is a *problem*: `JaxProblem` (a JAX task, below),
+`rollouts.text_rollouts.TextProblem` (a text task on a pretrained model, host-scored) or
+`rollouts.agent_rollouts.AgentProblem` (a multi-turn environment: the problem samples its
+own episodes, supplies the turn structure, and the step logs environment steps too).
 Logs one JSON line per step to <workdir>/metrics.jsonl (step, wall_s, method, timings,
 throughput, losses, and greedy_acc / pass@k every eval.every steps), saves orbax
 checkpoints to <workdir>/checkpoints/ (every rl.ckpt_every steps, at the end and on
@@ -585,8 +589,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   need_process = 'token_rewards' in credit.needs(cfg.credit.name)
   if need_process and not hasattr(problem, 'process_rewards'):
     raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards, which text '
-                     f'tasks do not provide; use a JAX chain-of-thought task (scratch_add, '
-                     f'countdown_steps)')
+                     f'tasks and multi-turn environments do not provide; use a JAX '
+                     f'chain-of-thought task (scratch_add, countdown_steps)')
   if need_process and not hasattr(problem.task, 'token_rewards'):
     raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards '
                      f'(token_rewards, step_ends), which task {cfg.task.name!r} does not '
@@ -669,7 +673,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         gen = float(samples.generated_tokens)
         steps_now = float(samples.env_steps)
         env_steps_total += steps_now
-        counts = dict(env_steps=steps_now, env_steps_total=env_steps_total)
+        counts = dict(env_steps=steps_now, env_steps_total=env_steps_total,
+                      env_steps_per_s=steps_now / (t1 - t0))
       else:
         gen = ntok - float(jnp.sum(jnp.where(samples.parent >= 0, jnp.minimum(  # forks' copied
             samples.fork, samples.lengths), 0)))  # prefixes are not generated; i.i.d.: fork 0
