@@ -327,12 +327,19 @@ def gtpo(turns: Turns, gamma: float = 1.0, normalize: str = "group_turn",
                bool(scale_by_std))
 
 
+def _group_index(shape):
+  """(number of groups, int32 [..., G, K]: the flat index of each entry's group over the
+  leading dims)."""
+  *batch, g, k = shape
+  groups = math.prod(batch)
+  return groups, jnp.broadcast_to(jnp.arange(groups)[:, None, None], (groups, g, k)).reshape(shape)
+
+
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _gtpo(rewards, mask, gamma, eps, normalize, scale_by_std):
   returns = discounted_returns(rewards, mask, gamma)
-  *batch, g, k = mask.shape
-  groups = math.prod(batch)  # the flat index of each group over the leading dims
-  group = jnp.broadcast_to(jnp.arange(groups)[:, None, None], (groups, g, k)).reshape(mask.shape)
+  groups, group = _group_index(mask.shape)
+  k = mask.shape[-1]
   turn = jnp.broadcast_to(jnp.arange(k), mask.shape)
   bucket = {"group_turn": group * k + turn, "group": group,
             "batch": jnp.zeros(mask.shape, jnp.int32)}[normalize]
@@ -344,6 +351,21 @@ def _gtpo(rewards, mask, gamma, eps, normalize, scale_by_std):
 # --------------------------------------------------------------------------- CAST
 
 
+def _per_state(turns: Turns, field: str, value, who: str, what: str):
+  """float32 [..., G, K+1]: `value`, else turns.<field>; a ValueError naming both if
+  neither is given or the shape is not state_ids'."""
+  check_turn_shapes(turns)
+  value = getattr(turns, field) if value is None else value
+  if value is None:
+    raise ValueError(f"{who} needs {field} [..., G, K+1] ({what}), as an argument or in "
+                     f"turns.{field}.")
+  value = jnp.asarray(value, jnp.float32)
+  if value.shape != jnp.shape(turns.state_ids):
+    raise ValueError(f"{field} must have state_ids' shape [..., G, K+1] = "
+                     f"{jnp.shape(turns.state_ids)}; got {value.shape}.")
+  return value
+
+
 def cast(turns: Turns, values_star=None):
   """CAST: A_k = V*(s_{k+1}) − V*(s_k) from a solver's optimal state values.
 
@@ -352,16 +374,8 @@ def cast(turns: Turns, values_star=None):
   `turns.values_star`. Summed along a trajectory the advantages telescope to
   V*(s_n) − V*(s_0). Returns float32 [..., G, K], 0 on untaken turns.
   """
-  check_turn_shapes(turns)
-  if values_star is None:
-    values_star = turns.values_star
-  if values_star is None:
-    raise ValueError("cast needs values_star [..., G, K+1] (the solver's state values), as an "
-                     "argument or in turns.values_star.")
-  values_star = jnp.asarray(values_star, jnp.float32)
-  if values_star.shape != jnp.shape(turns.state_ids):
-    raise ValueError(f"values_star must have state_ids' shape [..., G, K+1] = "
-                     f"{jnp.shape(turns.state_ids)}; got {values_star.shape}.")
+  values_star = _per_state(turns, "values_star", values_star, "cast",
+                           "the solver's state values")
   mask = jnp.asarray(turns.turn_mask, bool)
   return jnp.where(mask, values_star[..., 1:] - values_star[..., :-1], 0.0)
 
@@ -386,16 +400,8 @@ def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: b
   trajectory it is GRPO. Returns float32 [..., G, K], 0 on untaken turns.
   """
   _check_unit("gamma", gamma)
-  check_turn_shapes(turns)
-  if answer_logprobs is None:
-    answer_logprobs = turns.answer_logprobs
-  if answer_logprobs is None:
-    raise ValueError("igpo needs answer_logprobs [..., G, K+1] (probe log-probs of the gold "
-                     "answer), as an argument or in turns.answer_logprobs.")
-  answer_logprobs = jnp.asarray(answer_logprobs, jnp.float32)
-  if answer_logprobs.shape != jnp.shape(turns.state_ids):
-    raise ValueError(f"answer_logprobs must have state_ids' shape [..., G, K+1] = "
-                     f"{jnp.shape(turns.state_ids)}; got {answer_logprobs.shape}.")
+  answer_logprobs = _per_state(turns, "answer_logprobs", answer_logprobs, "igpo",
+                               "probe log-probs of the gold answer")
   return _igpo(jnp.asarray(turns.rewards, jnp.float32), jnp.asarray(turns.turn_mask, bool),
                answer_logprobs, jnp.asarray(gamma, jnp.float32), jnp.asarray(eps, jnp.float32),
                bool(scale_by_std))
@@ -406,10 +412,9 @@ def _igpo(rewards, mask, answer_logprobs, gamma, eps, scale_by_std):
   p = jnp.exp(answer_logprobs)
   last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
   reward = rewards + jnp.where(last, 0.0, p[..., 1:] - p[..., :-1])
-  *batch, g, k = mask.shape
-  groups = math.prod(batch)
-  group = jnp.broadcast_to(jnp.arange(groups)[:, None, None], (groups, g, k)).reshape(-1)
-  norm = _bucket_norm(reward.reshape(-1), group, mask.reshape(-1), groups, scale_by_std, eps)
+  groups, group = _group_index(mask.shape)
+  norm = _bucket_norm(reward.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
+                      scale_by_std, eps)
   return discounted_returns(norm.reshape(mask.shape), mask, gamma)
 
 
