@@ -28,7 +28,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.task = ml_collections.ConfigDict(dict(name='household', kwargs={'max_turns': 8}))
   # num_turns: K of the sampler (0 = the environment's max_turns); gamma: the discount of
   # solver values (CAST) — the estimators' own gamma is in credit.hparams.
-  c.agent = ml_collections.ConfigDict(dict(num_turns=0, gamma=0.95))
+  # lm_source: '' = the toy decoder (c.model) on the environment's vocabulary; else a
+  # pretrained LM ('smollm2', a .gguf file, a Hugging Face directory) reading the
+  # environment's words as its own tokens (lm_aliases: one-token spellings, see
+  # experiments/rollouts/agent_rollouts.py); lm_dtype its compute dtype.
+  c.agent = ml_collections.ConfigDict(dict(num_turns=0, gamma=0.95, lm_source='',
+                                           lm_dtype='float32', lm_aliases={}))
   c.model = ml_collections.ConfigDict(dict(d_model=64, num_layers=2, num_heads=4, d_ff=192))
   c.sampler.update(group_size=8, num_chains=4, num_continuations=1)
   c.sampler.fork_turn = 2

@@ -317,3 +317,33 @@ def test_agent_configs_check_and_wrong_samplers_fail_clearly(tmp_path):
   params = decoder.init_params(jax.random.PRNGKey(0), loop.policy_config(cfg, loop.build_task(cfg)))
   with pytest.raises(ValueError, match="multi-turn"):
     loop.train(cfg, str(tmp_path), params, method='gigpo:iid')
+
+
+# --------------------------------------------------------------------------- a pretrained LM
+
+
+def test_smollm2_plays_household_through_its_own_tokens():
+  """The built-in SmolLM2 as the policy: environment words are its tokens (aliases where
+  its BPE splits a word), sampling log-probs equal one teacher-forced forward of the real
+  model, and the words it reads are the environment's text."""
+  cfg = quick_agents_cfg('grpo:iid')
+  cfg.agent.update(lm_source='smollm2', num_turns=2)
+  problem = agent_rollouts.AgentProblem(cfg)
+  vocab, env = problem.vocab, problem.env
+  np.testing.assert_array_equal(vocab.to_env[vocab.to_lm], np.arange(env.vocab_size))
+  tokenizer = problem.tokenizer
+  draw = problem.draw(jax.random.key(0), 0, 1)
+  state, obs, mask = draw.handle
+  text = tokenizer.decode(np.asarray(draw.prompts[0])[np.asarray(mask[0])])
+  assert text.strip() == env.detokenize(np.asarray(obs[0])[np.asarray(mask[0])]).replace(
+      'mug', 'cup')
+  scfg = cfg.sampler.copy_and_resolve_references()
+  scfg.update(name='iid', group_size=2)
+  s = problem.sample(problem.init_params, scfg, jax.random.key(1), draw)
+  policy = np.asarray(s.policy_mask)
+  assert policy.any()
+  full = ags.teacher_forced_logprobs(problem.init_params, problem.pcfg, s.episodes.tokens)
+  np.testing.assert_allclose(np.asarray(full)[..., env.obs_len:][policy],
+                             np.asarray(s.logprobs)[policy], atol=2e-3)
+  with pytest.raises(ValueError, match="not one token"):
+    agent_rollouts.lm_vocab_map(env, tokenizer, {'mug': 'mugmugmugx'})

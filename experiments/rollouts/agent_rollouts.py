@@ -36,10 +36,49 @@ from flax import struct
 import credit
 import envs
 from experiments.rollouts import agent_sampling as ags
-from experiments.models import decoder
+from experiments.models import decoder, pretrained
 from experiments.rollouts.text_rollouts import Draw
 
 SAMPLERS = ('iid', 'tree_turns')
+# Environment words a pretrained tokenizer splits into several tokens, spelled as words it
+# keeps whole (SmolLM2's BPE: " mug" is two tokens, " cup" one); cfg.agent.lm_aliases adds more.
+LM_ALIASES = {
+    'household': {'mug': 'cup'},
+    'webshop': {'mug': 'cup', '10': 'ten', '20': 'twenty', '30': 'thirty', '40': 'forty',
+                **{f'p{i}': 'ABCDEFGHIJKLMNOP'[i] for i in range(16)}},
+}
+
+
+def lm_vocab_map(env, tokenizer, aliases=None) -> ags.VocabMap:
+  """`agent_sampling.VocabMap` of env onto a pretrained tokenizer: each environment word
+  (or its alias) written as the tokenizer would see it in the environment's text
+  (after a space when env.separator is ' ') must be one token; EOA is a newline, PAD the
+  tokenizer's pad token. Raises ValueError naming the words that are not one token, or
+  two words that share one."""
+  aliases = {**LM_ALIASES.get(env.name, {}), **(aliases or {})}
+  space = ' ' if env.separator == ' ' else ''
+  to_lm, bad = [], []
+  for i, word in enumerate(env.vocab):
+    if i == env.pad_id:
+      ids = [tokenizer.pad_id]
+    elif i == env.eoa_id:
+      ids = tokenizer.encode('\n')
+    else:
+      ids = tokenizer.encode(space + aliases.get(word, word))
+    if len(ids) != 1:
+      bad.append(f'{word!r} -> {ids}')
+    to_lm.append(ids[0])
+  if bad:
+    raise ValueError(f'environment {env.name!r}: these words are not one token of the '
+                     f'model\'s tokenizer: {", ".join(bad)}; give one-token spellings in '
+                     f'agent.lm_aliases (e.g. {{"mug": "cup"}})')
+  if len(set(to_lm)) != len(to_lm):
+    raise ValueError(f'environment {env.name!r}: two words map to one token ({to_lm}); '
+                     f'change agent.lm_aliases')
+  to_env = np.full((tokenizer.vocab_size,), env.pad_id, np.int32)
+  to_env[to_lm] = np.arange(len(to_lm))
+  return ags.VocabMap(to_lm=jnp.asarray(to_lm, jnp.int32), to_env=jnp.asarray(to_env),
+                      eoa=int(to_lm[env.eoa_id]), pad=int(to_lm[env.pad_id]))
 
 
 @struct.dataclass
@@ -126,22 +165,36 @@ class AgentProblem:
   cfg.task.name / cfg.task.kwargs name the environment (`envs.get_env`);
   cfg.agent.num_turns (0 = the environment's max_turns) is K, the static turn count
   of the sampler; cfg.agent.gamma is the discount used for solver values (CAST).
+  The policy is the toy decoder (cfg.model) on the environment's vocabulary, or with
+  cfg.agent.lm_source (e.g. 'smollm2', a .gguf file or a Hugging Face directory) a
+  pretrained LM that reads and writes the environment's words as its own tokens
+  (`lm_vocab_map`; the expert warm start and RL then fine-tune it).
   """
 
   def __init__(self, cfg):
-    self.env = envs.get_env(cfg.task.name, **dict(cfg.task.kwargs))
-    self.num_turns = ags.num_turns_of(self.env, cfg.agent.num_turns or None)
+    self.env = env = envs.get_env(cfg.task.name, **dict(cfg.task.kwargs))
+    self.num_turns = ags.num_turns_of(env, cfg.agent.num_turns or None)
     self.gamma = float(cfg.agent.gamma)
-    env = self.env
-    self.pcfg = decoder.PolicyConfig(vocab_size=env.vocab_size,
-                                     max_len=ags.sequence_length(env, self.num_turns),
-                                     **dict(cfg.model))
-    self.eos_id, self.pad_id = env.eoa_id, env.pad_id
+    max_len = ags.sequence_length(env, self.num_turns)
+    if cfg.agent.lm_source:
+      model = pretrained.load(cfg.agent.lm_source, max_len=max_len, dtype=cfg.agent.lm_dtype)
+      self.pcfg, self.init_params, self.tokenizer = model.cfg, model.params, model.tokenizer
+      self.vocab = lm_vocab_map(env, model.tokenizer, dict(cfg.agent.lm_aliases))
+      self.eos_id, self.pad_id = self.vocab.eoa, self.vocab.pad
+    else:
+      self.pcfg = decoder.PolicyConfig(vocab_size=env.vocab_size, max_len=max_len,
+                                       **dict(cfg.model))
+      self.init_params = self.vocab = self.tokenizer = None  # SFT starts from a fresh decoder
+      self.eos_id, self.pad_id = env.eoa_id, env.pad_id
     self.response_len = self.num_turns * (env.action_len + env.obs_len)
+
+  def lm_ids(self, x):
+    """Environment tokens as the policy's tokens."""
+    return ags._lm_ids(self.vocab, x)
 
   def draw(self, key, step: int, n: int) -> Draw:
     state, obs, obs_mask = _reset(key, env=self.env, n=n)
-    prompts = jnp.where(obs_mask, obs, self.env.pad_id).astype(jnp.int32)
+    prompts = self.lm_ids(jnp.where(obs_mask, obs, self.env.pad_id).astype(jnp.int32))
     return Draw(prompts, None, jnp.arange(n, dtype=jnp.int32) + step * n,
                 (state, obs, obs_mask))
 
@@ -149,7 +202,7 @@ class AgentProblem:
     """G trajectories from each of the draw's start states (sampler scfg.name)."""
     temperature = scfg.temperature if temperature is None else temperature
     n = draw.prompts.shape[0]
-    kw = dict(num_turns=self.num_turns, start=draw.handle)
+    kw = dict(num_turns=self.num_turns, start=draw.handle, vocab=self.vocab)
     if scfg.name == 'iid':
       episodes = ags.sample_episodes(params, self.pcfg, self.env, key, n, scfg.group_size,
                                      temperature, **kw)
@@ -177,6 +230,7 @@ class AgentProblem:
         raise ValueError(f'environment {self.env.name!r} has no gold answer (env.answer); '
                          f'IGPO needs one (household, webshop)')
       answer, mask = _answers(draw.handle[0], env=self.env)
+      answer = self.lm_ids(answer)
       g = e.tokens.shape[1]
       answer, mask = (jnp.repeat(x[:, None], g, 1) for x in (answer, mask))
       turns = turns.replace(answer_logprobs=ags.answer_logprobs(
@@ -189,11 +243,12 @@ class AgentProblem:
     key = jax.random.PRNGKey(ecfg.seed)
     start = _reset(jax.random.fold_in(key, 0), env=self.env, n=ecfg.num_prompts)
     greedy = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 1),
-                                 ecfg.num_prompts, 1, 0.0, num_turns=self.num_turns, start=start)
+                                 ecfg.num_prompts, 1, 0.0, num_turns=self.num_turns, start=start,
+                                 vocab=self.vocab)
     sub = jax.tree.map(lambda x: x[:ecfg.pass_prompts], start)
     samples = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 2),
                                   ecfg.pass_prompts, ecfg.pass_k, 1.0, num_turns=self.num_turns,
-                                  start=sub)
+                                  start=sub, vocab=self.vocab)
     return {'greedy_acc': float(jnp.mean(greedy.success)),
             'eval_return': float(jnp.mean(greedy.returns)),
             'eval_turns': float(jnp.mean(greedy.lengths)),
@@ -207,4 +262,4 @@ class AgentProblem:
       raise ValueError(f'environment {self.env.name!r} has no expert (env.expert_action) to '
                        f'warm-start from; set sft.steps=0')
     prompts, tokens, policy, _ = _demos(key, env=self.env, n=n, num_turns=self.num_turns)
-    return prompts, tokens, policy
+    return self.lm_ids(prompts), self.lm_ids(tokens), policy

@@ -127,6 +127,28 @@ def to_rollouts(episodes: Episodes, **turn_fields) -> credit.Rollouts:
                          token_turn=e.token_turn, success=e.success, **turn_fields))
 
 
+@struct.dataclass
+class VocabMap:
+  """A policy with its own vocabulary (a pretrained LM) playing an environment: every
+  environment token is one policy token (`lm_vocab_map`).
+
+  to_lm: int32 [V_env], the policy token of each environment token.
+  to_env: int32 [V_policy], the environment token of each policy token; tokens that are
+    not an environment word map to the environment's PAD (an invalid action).
+  eoa, pad: the policy tokens of the environment's EOA and PAD (static).
+  """
+
+  to_lm: jax.Array
+  to_env: jax.Array
+  eoa: int = struct.field(pytree_node=False)
+  pad: int = struct.field(pytree_node=False)
+
+
+def _lm_ids(vocab: Optional[VocabMap], x):
+  """Environment tokens x as policy tokens (unchanged without a map)."""
+  return x if vocab is None else vocab.to_lm[x]
+
+
 # ----------------------------------------------------------------------------
 # Layout.
 
@@ -226,13 +248,15 @@ def _pick(u, logits, alive, temperature, eoa_id, pad_id):
   return tok, jnp.where(alive, lp, 0.0), alive, alive & (tok != eoa_id)
 
 
-def _turn(params, pcfg, env, temperature, carry, xs):
+def _turn(params, pcfg, env, vocab, temperature, carry, xs):
   """One turn of every row. carry = (env state, KV cache, the observation before this
-  turn's action slot [R, O], not yet in the cache); xs = (turn index k, uniforms [R, A]).
-  Returns the new carry and the turn's record."""
+  turn's action slot [R, O] in policy tokens, not yet in the cache); xs = (turn index k,
+  uniforms [R, A]). Returns the new carry and the turn's record (tokens in the policy's
+  vocabulary: the environment's unless `vocab` maps them)."""
   state, cache, pending = carry
   k, u = xs
-  o, a, pad, eoa = env.obs_len, env.action_len, env.pad_id, env.eoa_id
+  o, a = env.obs_len, env.action_len
+  pad, eoa = (env.pad_id, env.eoa_id) if vocab is None else (vocab.pad, vocab.eoa)
   r = u.shape[0]
   start = o + k * (a + o)  # the action slot's first position
   live = ~state.done
@@ -250,7 +274,10 @@ def _turn(params, pcfg, env, temperature, carry, xs):
 
   (cache, _, _), (actions, logprobs, policy) = jax.lax.scan(
       act, (cache, logits, live), (jnp.arange(a), u.T))
-  state, record = _env_turn(env, state, actions.T, policy.T, logprobs.T)
+  actions = actions.T
+  env_actions = actions if vocab is None else vocab.to_env[actions]
+  state, record = _env_turn(env, state, env_actions, policy.T, logprobs.T)
+  record.update(actions=actions, obs=_lm_ids(vocab, record["obs"]))
   return (state, cache, record["obs"]), record
 
 
@@ -271,23 +298,23 @@ def _env_turn(env, state, actions, policy, logprobs):
   return state, record
 
 
-def _run_turns(params, pcfg, env, temperature, carry, first: int, last: int, uniforms):
+def _run_turns(params, pcfg, env, vocab, temperature, carry, first: int, last: int, uniforms):
   """Turns first .. last-1 (static) of every row; uniforms [R, K, A]. Records [R, n, ...]."""
-  step = functools.partial(_turn, params, pcfg, env, temperature)
+  step = functools.partial(_turn, params, pcfg, env, vocab, temperature)
   carry, recs = jax.lax.scan(step, carry, (jnp.arange(first, last, dtype=jnp.int32),
                                            jnp.swapaxes(uniforms[:, first:last], 0, 1)))
   return carry, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), recs)
 
 
-def _start(env, pcfg, key, num_groups: int, copies: int, start=None):
+def _start(env, pcfg, key, num_groups: int, copies: int, start=None, vocab=None):
   """B start states (`env.reset`, or `start`) repeated: (carry of B * copies rows, obs0,
-  obs0_mask). The first observation enters the cache in turn 0's chunk."""
+  obs0_mask), the observation in policy tokens. It enters the cache in turn 0's chunk."""
   if start is None:
     start = env.reset(jax.random.fold_in(key, 0), num_groups)
   state, obs, obs_mask = start
   if obs.shape[0] != num_groups:
     raise ValueError(f"start holds {obs.shape[0]} episodes; num_groups = {num_groups}.")
-  obs = jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32)
+  obs = _lm_ids(vocab, jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32))
   rep = lambda x: jnp.repeat(x, copies, axis=0)
   cache = None if pcfg is None else decoder.init_cache(pcfg, num_groups * copies)
   carry = (jax.tree.map(rep, state), cache, rep(obs))
@@ -356,21 +383,23 @@ def _check(pcfg, env, num_groups, group_size, k):
                                              "num_turns"))
 def sample_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
                     group_size: int, temperature=1.0, *, num_turns: Optional[int] = None,
-                    start=None) -> Episodes:
+                    start=None, vocab: Optional[VocabMap] = None) -> Episodes:
   """G i.i.d. trajectories from each of B start states: Episodes [B, G, ...].
 
   K = num_turns (default env.max_turns) turns, static; the env's own limit still
   ends episodes at env.max_turns. Needs T = O + K (A + O) <= pcfg.max_len.
   start: optional (state, obs, obs_mask) of B fresh episodes (e.g. fixed evaluation
   levels from `env.reset`) instead of `env.reset(fold_in(key, 0), B)`.
+  vocab: a `VocabMap` when the policy has its own vocabulary (a pretrained LM); the
+  trajectory's tokens are then policy tokens.
   parent = -1 and fork_turn = 0 everywhere.
   """
   k = num_turns_of(env, num_turns)
   _check(pcfg, env, num_groups, group_size, k)
-  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, group_size, start)
+  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, group_size, start, vocab)
   u = _uniforms(key, num_groups, np.arange(group_size), env, k)
   temperature = jnp.asarray(temperature, jnp.float32)
-  carry, recs = _run_turns(params, pcfg, env, temperature, carry, 0, k, u)
+  carry, recs = _run_turns(params, pcfg, env, vocab, temperature, carry, 0, k, u)
   shape = (num_groups, group_size)
   return _episodes(env, num_groups, obs0, obs0_mask, recs, carry[0],
                    jnp.full(shape, -1), jnp.zeros(shape))
@@ -393,7 +422,8 @@ def fork_layout(num_chains: int, num_forks: int, fork_turn: int):
                                              "num_forks", "fork_turn", "num_turns"))
 def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
                   num_chains: int, num_forks: int, fork_turn: int, temperature=1.0, *,
-                  num_turns: Optional[int] = None, start=None) -> Episodes:
+                  num_turns: Optional[int] = None, start=None,
+                  vocab: Optional[VocabMap] = None) -> Episodes:
   """Tree sampling over turns: Episodes [B, G = N C, ...] with parent and fork_turn.
 
   Per start state, N chains run turns [0, fork_turn); each row (env state, KV
@@ -401,8 +431,8 @@ def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
   [fork_turn, K) with their own randomness (`fork_layout`; module docstring), so
   the shared prefix is computed once. Continuation c = 0 equals chain n of
   `sample_episodes(group_size=N)` with the same key. A chain already done at the
-  fork gives C identical copies. 0 <= fork_turn < K (static); num_turns and
-  start as in `sample_episodes`.
+  fork gives C identical copies. 0 <= fork_turn < K (static); num_turns, start and
+  vocab as in `sample_episodes`.
   """
   k = num_turns_of(env, num_turns)
   _check(pcfg, env, num_groups, num_chains * num_forks, k)
@@ -410,14 +440,14 @@ def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
     raise ValueError(f"fork_turn must be in [0, K = {k}); got {fork_turn}.")
   parent, fork_at, node = fork_layout(num_chains, num_forks, fork_turn)
   temperature = jnp.asarray(temperature, jnp.float32)
-  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, num_chains, start)
+  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, num_chains, start, vocab)
   u = _uniforms(key, num_groups, np.arange(num_chains), env, k)
-  carry, head = _run_turns(params, pcfg, env, temperature, carry, 0, fork_turn, u)
+  carry, head = _run_turns(params, pcfg, env, vocab, temperature, carry, 0, fork_turn, u)
   rep = lambda x, axis=0: jnp.repeat(x, num_forks, axis=axis)  # row r -> rows r C .. r C + C-1
   state, cache, pending = carry
   carry = (jax.tree.map(rep, state), jax.tree.map(lambda x: rep(x, 1), cache), rep(pending))
   u = _uniforms(key, num_groups, node, env, k)
-  carry, tail = _run_turns(params, pcfg, env, temperature, carry, fork_turn, k, u)
+  carry, tail = _run_turns(params, pcfg, env, vocab, temperature, carry, fork_turn, k, u)
   recs = jax.tree.map(lambda h, t: jnp.concatenate([rep(h), t], axis=1), head, tail)
   shape = (num_groups, num_chains * num_forks)
   return _episodes(env, num_groups, rep(obs0), rep(obs0_mask), recs, carry[0],

@@ -51,7 +51,7 @@ from experiments.training import train_step as ts
 from trees import packing as packing_lib
 
 SAMPLERS = default_config.SAMPLERS
-FREE_DICTS = ('credit.hparams', 'task.kwargs')  # validated by credit / envs themselves
+FREE_DICTS = ('credit.hparams', 'task.kwargs', 'agent.lm_aliases')  # validated by credit / envs themselves
 NOT_FINGERPRINTED = ('quick', 'seeds', 'methods', 'progress', 'eval', 'rl.steps',
                      'rl.ckpt_every', 'mesh')
 # The sampler fields each sampler reads; the others are not part of a run's fingerprint,
@@ -506,7 +506,10 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   fp, flat = fingerprint(sub)
   s = cfg.sft
   tx = ts.make_optimizer(s.lr, s.warmup_steps, s.weight_decay, cfg.optimizer.grad_clip)
-  state = ts.init_state(decoder.init_params(jax.random.PRNGKey(s.seed), pcfg), tx, seed=s.seed)
+  params = getattr(problem, 'init_params', None)  # a pretrained policy, else a fresh one
+  if params is None:
+    params = decoder.init_params(jax.random.PRNGKey(s.seed), pcfg)
+  state = ts.init_state(jax.tree.map(jnp.copy, params), tx, seed=s.seed)
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   restored, meta = restore_checkpoint(mngr, state, fp, flat)
   if restored is not None and meta.get('done'):
