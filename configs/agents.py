@@ -11,6 +11,8 @@ privileged expert (it knows where the object lies, so imitating it teaches the a
 format and the sub-goal order but not where to look: the warm start succeeds on about
 a fifth of the held-out episodes, 0.22, and RL has to learn the search), then 30 RL steps of 16 start
 states x G=8 trajectories (the same 3,840 episodes per run), 3 seeds.
+With --config.agent.lm_source=smollm2 the agent is the pretrained LM (use lr ~1e-5 for SFT
+and ~1e-6 for RL, and fewer start states per step on a CPU).
 Samplers: 'iid' (G i.i.d. trajectories per start state) and 'tree_turns' (num_chains
 chains, each forked into 1 + num_continuations at turn boundary fork_turn by copying the
 environment state and the KV cache: G = num_chains (1 + num_continuations)).

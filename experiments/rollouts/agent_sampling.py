@@ -24,6 +24,11 @@ first EOA, observation tokens outside the env's obs_mask, and every slot of the
 turns after the episode ended. The policy attends to those pads (the decoder
 has no key mask); they are never trained (policy_mask False).
 
+Vocabulary: the policy reads and writes the environment's tokens, or, given a
+`VocabMap` (a pretrained LM; `agent_rollouts.lm_vocab_map`), its own: observations are
+mapped to policy tokens before they enter the cache and the trajectory, actions back
+to environment tokens before `env.step`; state ids, rewards and masks are unchanged.
+
 Randomness: `env.reset(fold_in(key, 0), B)`. Token t of turn k of node j in
 group b is drawn by inverse CDF (`select_tokens`) with
 u = uniform(fold_in(fold_in(fold_in(key, 1), b), j), (K A,))[k A + t]

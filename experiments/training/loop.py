@@ -51,7 +51,8 @@ from experiments.training import train_step as ts
 from trees import packing as packing_lib
 
 SAMPLERS = default_config.SAMPLERS
-FREE_DICTS = ('credit.hparams', 'task.kwargs', 'agent.lm_aliases')  # validated by credit / envs themselves
+# Free-form dicts, validated by credit / envs / the agent problem themselves.
+FREE_DICTS = ('credit.hparams', 'task.kwargs', 'agent.lm_aliases')
 NOT_FINGERPRINTED = ('quick', 'seeds', 'methods', 'progress', 'eval', 'rl.steps',
                      'rl.ckpt_every', 'mesh')
 # The sampler fields each sampler reads; the others are not part of a run's fingerprint,
