@@ -206,7 +206,8 @@ class Household(multiturn.MultiTurnEnv):
     wash = jnp.where(needs_clean, (cur != SINK).astype(jnp.int32) + 1, 0)
     cur = jnp.where(needs_clean, SINK, cur)
     place = (cur != y).astype(jnp.int32) + 1
-    dist = jnp.where(s.done, 0, drop + fetch + wash + place).astype(jnp.int32)
+    solved = (s.obj_loc[x] == y) & (s.clean[x] | ~s.goal_clean)
+    dist = jnp.where(solved, 0, drop + fetch + wash + place).astype(jnp.int32)
     go = lambda target: (jnp.int32(_ID["go"]), (FIRST_LOC + target).astype(jnp.int32))
     act = lambda verb, o: (jnp.int32(_ID[verb]), (FIRST_OBJ + o).astype(jnp.int32))
     choose = lambda c, a, b: tuple(jnp.where(c, u, v) for u, v in zip(a, b))
@@ -227,7 +228,8 @@ class Household(multiturn.MultiTurnEnv):
     return actions, jnp.ones(actions.shape, bool)
 
   def optimal_distance(self, state):
-    """int32 [n]: the fewest turns that achieve the goal from each state (0 when done)."""
+    """int32 [n]: the fewest turns that achieve the goal from each state, the turn limit
+    ignored (0 once solved; a state whose episode ran out of turns keeps its distance)."""
     return jax.vmap(self._plan1)(state)[2]
 
   def answer(self, state):

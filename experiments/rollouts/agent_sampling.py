@@ -487,16 +487,21 @@ def expert_episodes(env, key, num_groups: int, *, num_turns: Optional[int] = Non
 def solver_values(episodes: Episodes, env, gamma: float = 1.0) -> jax.Array:
   """float32 [B, G, K+1]: R_{<k} + V*(s_k) for CAST (`credit.agents.cast`), from the
   environment's solver distances d (`episodes.distances`): for an outcome reward of 1,
-  V*(s) = γ^(d−1) when the d turns fit in the turns left (K_env − k), else 0 (done
-  states: 0), plus the reward collected before turn k, so that a
-  finished trajectory's last value is its return (1 solved, 0 failed)."""
+  V*(s) = γ^(d−1), and 0 where d = 0 (solved, or a terminal state), plus the reward
+  collected before turn k, so that a finished trajectory's last value is its return.
+
+  V* ignores the turn limit: running out of turns is a truncation, so a trajectory cut by
+  it bootstraps from its last state's value (partial-episode bootstrapping) instead of
+  ending at 0. Choice: with horizon-aware values (0 once d exceeds the turns left) the
+  action at which the deadline became infeasible, whatever it was, took the whole value
+  (−0.77 on one turn of every failed `household` trajectory) and CAST training collapsed
+  to 0 % success in 30 steps; the environment's `optimal_distance` must then keep the
+  distance of a state whose episode ran out of turns (household does)."""
   if episodes.distances is None:
     raise ValueError(f"environment {env.name!r} has no solver (optimal_distance); CAST "
                      f"needs one.")
   d = episodes.distances.astype(jnp.float32)
-  k = d.shape[-1] - 1
-  left = env.max_turns - jnp.arange(k + 1, dtype=jnp.float32)
-  v = jnp.where((d >= 1) & (d <= left), jnp.float32(gamma) ** (d - 1), 0.0)
+  v = jnp.where(d >= 1, jnp.float32(gamma) ** (d - 1), 0.0)
   rewards = jnp.where(episodes.turn_mask, episodes.turn_rewards, 0.0)
   before = jnp.concatenate([jnp.zeros_like(rewards[..., :1]), jnp.cumsum(rewards, -1)], -1)
   return before + v
