@@ -494,9 +494,11 @@ def solver_values(episodes: Episodes, env, gamma: float = 1.0) -> jax.Array:
   it bootstraps from its last state's value (partial-episode bootstrapping) instead of
   ending at 0. Choice: with horizon-aware values (0 once d exceeds the turns left) the
   action at which the deadline became infeasible, whatever it was, took the whole value
-  (−0.77 on one turn of every failed `household` trajectory) and CAST training collapsed
-  to 0 % success in 30 steps; the environment's `optimal_distance` must then keep the
-  distance of a state whose episode ran out of turns (household does)."""
+  (−0.77 on one turn of every failed `household` trajectory). The environment's
+  `optimal_distance` must then keep the distance of a state whose episode ran out of
+  turns (household does; webshop's is 0 once done, so there the last turn of a
+  truncated trajectory still takes its value). CAST training on household collapses
+  with either variant (README, "Multi-turn agents")."""
   if episodes.distances is None:
     raise ValueError(f"environment {env.name!r} has no solver (optimal_distance); CAST "
                      f"needs one.")
