@@ -191,7 +191,8 @@ class Household(multiturn.MultiTurnEnv):
   # --- solver (jittable): a privileged shortest-plan expert ----------------------------------
 
   def _plan1(self, s):
-    """One episode: (first action's verb id, argument id; turns the plan needs)."""
+    """One episode: (first action's verb id, argument id; turns the plan needs, counted as
+    if the goal were not yet achieved)."""
     x, y = s.goal_obj, s.goal_rec
     needs_clean = s.goal_clean & ~s.clean[x]
     holds_x, holds_other = s.holding == x, (s.holding >= 0) & (s.holding != x)
@@ -206,8 +207,6 @@ class Household(multiturn.MultiTurnEnv):
     wash = jnp.where(needs_clean, (cur != SINK).astype(jnp.int32) + 1, 0)
     cur = jnp.where(needs_clean, SINK, cur)
     place = (cur != y).astype(jnp.int32) + 1
-    solved = (s.obj_loc[x] == y) & (s.clean[x] | ~s.goal_clean)
-    dist = jnp.where(solved, 0, drop + fetch + wash + place).astype(jnp.int32)
     go = lambda target: (jnp.int32(_ID["go"]), (FIRST_LOC + target).astype(jnp.int32))
     act = lambda verb, o: (jnp.int32(_ID[verb]), (FIRST_OBJ + o).astype(jnp.int32))
     choose = lambda c, a, b: tuple(jnp.where(c, u, v) for u, v in zip(a, b))
@@ -217,27 +216,29 @@ class Household(multiturn.MultiTurnEnv):
     empty = choose(s.loc != src, go(src), act("take", x))
     other = choose(at_rec, act("put", jnp.maximum(s.holding, 0)), go(jnp.int32(0)))
     verb, arg = choose(holds_x, holding_x, choose(holds_other, other, empty))
-    return verb, arg, dist
+    return verb, arg, (drop + fetch + wash + place).astype(jnp.int32)
 
   def expert_action(self, state):
     """The next action of a shortest plan (the expert sees where X lies): int32 [n, A],
     bool [n, A] (verb, argument, EOA)."""
     verb, arg, _ = jax.vmap(self._plan1)(state)
-    n = verb.shape[0]
-    actions = jnp.stack([verb, arg, jnp.full((n,), self.eoa_id, jnp.int32)], -1)
-    return actions, jnp.ones(actions.shape, bool)
+    return self._actions(verb, arg)
 
   def optimal_distance(self, state):
     """int32 [n]: the fewest turns that achieve the goal from each state, the turn limit
     ignored (0 once solved; a state whose episode ran out of turns keeps its distance)."""
-    return jax.vmap(self._plan1)(state)[2]
+    solved = self._milestones(state)[:, 2]
+    return jnp.where(solved, 0, jax.vmap(self._plan1)(state)[2])
 
   def answer(self, state):
     """The gold final action "put X" (X the goal object): int32 [n, A], bool [n, A]."""
-    n = state.goal_obj.shape[0]
-    actions = jnp.stack([jnp.full((n,), _ID["put"], jnp.int32),
-                         (FIRST_OBJ + state.goal_obj).astype(jnp.int32),
-                         jnp.full((n,), self.eoa_id, jnp.int32)], -1)
+    verb = jnp.full(state.goal_obj.shape, _ID["put"], jnp.int32)
+    return self._actions(verb, (FIRST_OBJ + state.goal_obj).astype(jnp.int32))
+
+  def _actions(self, verb, arg):
+    """Actions "verb arg EOA" of ids verb, arg [n]: int32 [n, A], bool [n, A] (all True)."""
+    eoa = jnp.full(verb.shape, self.eoa_id, jnp.int32)
+    actions = jnp.stack([verb, arg, eoa], -1)
     return actions, jnp.ones(actions.shape, bool)
 
   def expert_plan(self, state, i: int = 0) -> list[list[str]]:

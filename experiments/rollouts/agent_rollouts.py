@@ -150,8 +150,7 @@ def _reset(key, *, env, n):
 def _demos(key, *, env, n, num_turns):
   episodes = ags.expert_episodes(env, key, n, num_turns=num_turns)
   prompts, samples = split_prompt(episodes, env)
-  squeeze = lambda x: x[:, 0]
-  return prompts, squeeze(samples.tokens), squeeze(samples.policy_mask), episodes.success
+  return prompts, samples.tokens[:, 0], samples.policy_mask[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=('env',))
@@ -190,7 +189,7 @@ class AgentProblem:
 
   def lm_ids(self, x):
     """Environment tokens as the policy's tokens."""
-    return ags._lm_ids(self.vocab, x)
+    return ags.policy_tokens(self.vocab, x)
 
   def draw(self, key, step: int, n: int) -> Draw:
     state, obs, obs_mask = _reset(key, env=self.env, n=n)
@@ -261,5 +260,5 @@ class AgentProblem:
     if not hasattr(self.env, 'expert_action'):
       raise ValueError(f'environment {self.env.name!r} has no expert (env.expert_action) to '
                        f'warm-start from; set sft.steps=0')
-    prompts, tokens, policy, _ = _demos(key, env=self.env, n=n, num_turns=self.num_turns)
+    prompts, tokens, policy = _demos(key, env=self.env, n=n, num_turns=self.num_turns)
     return self.lm_ids(prompts), self.lm_ids(tokens), policy

@@ -149,7 +149,7 @@ class VocabMap:
   pad: int = struct.field(pytree_node=False)
 
 
-def _lm_ids(vocab: Optional[VocabMap], x):
+def policy_tokens(vocab: Optional[VocabMap], x):
   """Environment tokens x as policy tokens (unchanged without a map)."""
   return x if vocab is None else vocab.to_lm[x]
 
@@ -282,7 +282,7 @@ def _turn(params, pcfg, env, vocab, temperature, carry, xs):
   actions = actions.T
   env_actions = actions if vocab is None else vocab.to_env[actions]
   state, record = _env_turn(env, state, env_actions, policy.T, logprobs.T)
-  record.update(actions=actions, obs=_lm_ids(vocab, record["obs"]))
+  record.update(actions=actions, obs=policy_tokens(vocab, record["obs"]))
   return (state, cache, record["obs"]), record
 
 
@@ -319,7 +319,7 @@ def _start(env, pcfg, key, num_groups: int, copies: int, start=None, vocab=None)
   state, obs, obs_mask = start
   if obs.shape[0] != num_groups:
     raise ValueError(f"start holds {obs.shape[0]} episodes; num_groups = {num_groups}.")
-  obs = _lm_ids(vocab, jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32))
+  obs = policy_tokens(vocab, jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32))
   rep = lambda x: jnp.repeat(x, copies, axis=0)
   cache = None if pcfg is None else decoder.init_cache(pcfg, num_groups * copies)
   carry = (jax.tree.map(rep, state), cache, rep(obs))

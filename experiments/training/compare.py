@@ -125,6 +125,12 @@ def paired_stats(results: dict, baseline: str, level: float = 0.95) -> dict:
   return out
 
 
+def _over_seeds(results: dict, key: str) -> dict:
+  """{method: {mean, std, per_seed}} of one per-run summary value."""
+  return {m: dict(mean=float(np.mean(a := [s[key] for s in runs])), std=float(np.std(a)),
+                  per_seed=a) for m, runs in results.items()}
+
+
 def run_experiment(cfg, workdir: str) -> dict:
   """SFT once, then every method x seed (x lr in cfg.lr_grid); writes plots + summary.json;
   returns the summary.
@@ -206,13 +212,10 @@ def run_experiment(cfg, workdir: str) -> dict:
       budget_generated_tokens=budget,
       definition='greedy_acc interpolated linearly in cumulative generated tokens (forks\' '
                  'copied prefixes excluded) at the largest budget every run reached',
-      acc={m: dict(mean=float(np.mean(a := [s['acc_at_budget'] for s in results[m]])),
-                   std=float(np.std(a)), per_seed=a) for m in methods})
+      acc=_over_seeds(results, 'acc_at_budget'))
   if agent:
     matched['budget_env_steps'] = steps_budget
-    matched['acc_at_env_steps'] = {
-        m: dict(mean=float(np.mean(a := [s['acc_at_env_steps'] for s in results[m]])),
-                std=float(np.std(a)), per_seed=a) for m in methods}
+    matched['acc_at_env_steps'] = _over_seeds(results, 'acc_at_env_steps')
   summary = dict(sft=sft_info, methods=results, total_wall_s=time.time() - t0, plots=paths,
                  task=cfg.task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
                                                    results[m][0]['group_size'] for m in results},
