@@ -58,13 +58,15 @@ def paper(methods: str, **overrides) -> ml_collections.ConfigDict:
   return c
 
 
-def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The --config.quick=True smoke run (about a minute on 2 CPU cores)."""
-  c.model.update(d_model=32, num_layers=1, num_heads=2, d_ff=64)
-  c.task.kwargs['max_turns'] = 6
-  c.sampler.update(group_size=4, num_chains=2, num_continuations=1, fork_turn=1)
-  c.sft.update(steps=10, batch_size=32, warmup_steps=2)
-  c.rl.update(steps=2, prompts_per_step=4, ckpt_every=2)
-  c.eval.update(every=2, num_prompts=16, pass_k=4, pass_prompts=4)
-  c.seeds = (0,)
-  return c
+def shrink(c: ml_collections.ConfigDict, defaults=None, explicit=()) -> ml_collections.ConfigDict:
+  """The --config.quick=True smoke run (about a minute on 2 CPU cores); keeps what the user
+  set (`configs.tempo.apply_quick`; `defaults` None: `get_config()`)."""
+  quick = {'model.d_model': 32, 'model.num_layers': 1, 'model.num_heads': 2, 'model.d_ff': 64,
+           'task.kwargs.max_turns': 6,
+           'sampler.group_size': 4, 'sampler.num_chains': 2, 'sampler.num_continuations': 1,
+           'sampler.fork_turn': 1,
+           'sft.steps': 10, 'sft.batch_size': 32, 'sft.warmup_steps': 2,
+           'rl.steps': 2, 'rl.prompts_per_step': 4, 'rl.ckpt_every': 2,
+           'eval.every': 2, 'eval.num_prompts': 16, 'eval.pass_k': 4, 'eval.pass_prompts': 4,
+           'seeds': (0,)}
+  return tempo.apply_quick(c, quick, get_config() if defaults is None else defaults, explicit)

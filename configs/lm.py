@@ -45,18 +45,20 @@ def get_config() -> ml_collections.ConfigDict:
   return c
 
 
-def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The --config.quick=True smoke run (a few minutes on 2 CPU cores)."""
-  c.lm.update(max_prompt_len=80, max_new_tokens=24, train_size=64)
+def shrink(c: ml_collections.ConfigDict, defaults=None, explicit=()) -> ml_collections.ConfigDict:
+  """The --config.quick=True smoke run (a few minutes on 2 CPU cores); keeps what the user
+  set (`configs.tempo.apply_quick`; `defaults` None: `get_config()`)."""
+  quick = {'lm.max_prompt_len': 80, 'lm.max_new_tokens': 24, 'lm.train_size': 64,
+           'sampler.group_size': 4, 'sampler.num_chains': 2, 'sampler.num_forks': 1,
+           'sampler.num_continuations': 1,
+           'loss.num_minibatches': 1, 'loss.num_microbatches': 2,
+           'rl.steps': 2, 'rl.prompts_per_step': 2, 'rl.ckpt_every': 2,
+           'eval.every': 2, 'eval.num_prompts': 4, 'eval.pass_k': 2, 'eval.pass_prompts': 2,
+           'seeds': (0,)}
   if c.task.name == 'chain_sum' and not c.task.kwargs:  # a + b with one digit each:
     # SmolLM2-135M-Instruct answers about half right, so groups carry signal.
-    c.task.kwargs = {'options': {'min_terms': 2, 'max_terms': 2, 'min_digits': 1,
-                                 'max_digits': 1}, 'eval_guard': 32}
-  c.sampler.update(group_size=4, num_chains=2, num_forks=1, num_continuations=1)
-  c.loss.update(num_minibatches=1, num_microbatches=2)
-  c.rl.update(steps=2, prompts_per_step=2, ckpt_every=2)
-  c.eval.update(every=2, num_prompts=4, pass_k=2, pass_prompts=2)
-  c.seeds = (0,)
+    quick['task.kwargs'] = {'options': {'min_terms': 2, 'max_terms': 2, 'min_digits': 1,
+                                        'max_digits': 1}, 'eval_guard': 32}
   if c.methods == get_config().methods:
-    c.methods = 'grpo:iid,tempo:tree_entropy'
-  return c
+    quick['methods'] = 'grpo:iid,tempo:tree_entropy'
+  return tempo.apply_quick(c, quick, get_config() if defaults is None else defaults, explicit)

@@ -2,7 +2,7 @@
 
 Overrides: `--config.rl.steps=200 --config.methods=grpo:iid,tempo:tree_entropy`;
 `--config.quick=True` shrinks everything to a smoke run (applied after overrides
-by the script via `shrink`).
+by the script via `shrink`; what is set on the same command line is kept).
 
 Default budget (2 CPU cores, ~7-8 min): 3-digit column addition with a written
 scratchpad (`scratch_add`: responses of 25-32 tokens, one carry per column, reward
@@ -92,16 +92,58 @@ def paper(methods: str, **sampler) -> ml_collections.ConfigDict:
   return c
 
 
-def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The --config.quick=True smoke run (well under a minute on 2 CPU cores)."""
-  c.model.update(d_model=32, num_layers=1, num_heads=2, d_ff=64)
-  c.sampler.update(group_size=4, branching=(2, 2), num_chains=2, num_forks=1,
-                   num_continuations=1)
-  c.sft.update(steps=20, batch_size=64, warmup_steps=5)
-  c.rl.update(steps=4, prompts_per_step=8, ckpt_every=2)
-  # pass@k batch = one RL batch (8 prompts x 4), so it reuses the sampler's compiled program.
-  c.eval.update(every=2, num_prompts=64, pass_k=4, pass_prompts=8)
-  c.seeds = (0,)
-  if c.methods == get_config().methods:  # keep methods chosen on the command line
-    c.methods = 'grpo:iid,tempo:tree_entropy'
+def shrink(c: ml_collections.ConfigDict, defaults=None, explicit=()) -> ml_collections.ConfigDict:
+  """The --config.quick=True smoke run (well under a minute on 2 CPU cores).
+
+  Keeps what the user set (`apply_quick`): fields that differ from `defaults` (the config c
+  was built from; None: `get_config()`) or are named in `explicit`.
+  """
+  quick = {'model.d_model': 32, 'model.num_layers': 1, 'model.num_heads': 2, 'model.d_ff': 64,
+           'sampler.group_size': 4, 'sampler.branching': (2, 2), 'sampler.num_chains': 2,
+           'sampler.num_forks': 1, 'sampler.num_continuations': 1,
+           'sft.steps': 20, 'sft.batch_size': 64, 'sft.warmup_steps': 5,
+           'rl.steps': 4, 'rl.prompts_per_step': 8, 'rl.ckpt_every': 2,
+           # pass@k batch = one RL batch (8 prompts x 4): it reuses the sampler's program.
+           'eval.every': 2, 'eval.num_prompts': 64, 'eval.pass_k': 4, 'eval.pass_prompts': 8,
+           'seeds': (0,)}
+  if c.methods == get_config().methods:  # a paper's own methods are kept
+    quick['methods'] = 'grpo:iid,tempo:tree_entropy'
+  return apply_quick(c, quick, get_config() if defaults is None else defaults, explicit)
+
+
+_MISSING = object()
+
+
+def _get(c, path: str):
+  for key in path.split('.'):
+    if not hasattr(c, 'keys') or key not in c:
+      return _MISSING
+    c = c[key]
+  return c.to_dict() if hasattr(c, 'to_dict') else c
+
+
+def apply_quick(c: ml_collections.ConfigDict, quick: dict, defaults,
+                explicit=()) -> ml_collections.ConfigDict:
+  """Sets every dotted path of `quick` in c, except the fields the user set: those whose
+  value in c differs from `defaults` (the config c was built from, e.g. its file's
+  get_config()) and those named in `explicit` (the --config.<path> overrides given; a
+  parent or child path counts). Prints what it kept (where it differs from quick's value).
+  """
+  explicit = tuple(explicit)
+  kept = []
+  for path, value in quick.items():
+    mine = _get(c, path)
+    named = any(e == path or path.startswith(e + '.') or e.startswith(path + '.')
+                for e in explicit)
+    if named or mine != _get(defaults, path):
+      if mine != (value.to_dict() if hasattr(value, 'to_dict') else value):
+        kept.append(f'{path}={mine!r} (quick: {value!r})')
+      continue
+    *parents, key = path.split('.')
+    node = c
+    for p in parents:
+      node = node[p]
+    node[key] = value
+  if kept:
+    print(f'--config.quick=True kept what you set: {", ".join(kept)}', flush=True)
   return c

@@ -15,6 +15,15 @@ Dr. GRPO on turn 0 when only the start state is shared, and `gtpo` with
 γ = 1, outcome-only rewards and equal lengths is GRPO on every turn; `cast`'s
 advantages sum along a trajectory to V*(s_n) − V*(s_0).
 
+Inputs are validated on every call (`credit.validate_turns`, values when concrete): a
+non-finite reward on a taken turn, a turn_mask that is not a run from turn 0, a
+token_turn outside [-1, K), non-finite values_star or NaN / +inf answer_logprobs on a
+visited state raise ValueError. Under jit only shapes are checked (validate on the host
+first, as `experiments.training.loop.train` does); a NaN input then gives NaN, never 0,
+on its trajectory's turns that read it (and on the turns normalised with them), and
+leaves the other groups as they are (except `gtpo(normalize='batch')`, whose
+statistics span all groups).
+
 Registered in `credit.registry` under the same names with `needs=('turns',)`:
 `credit.get('gigpo')(rollouts)` reads `rollouts.turns` (a `Turns` with `token_turn`).
 `AGENT_ESTIMATORS` (turn level) and `AGENT_TOKEN_ESTIMATORS` list them by name.
@@ -28,8 +37,8 @@ import jax.numpy as jnp
 
 from credit.registry import register
 from credit.returns import reverse_linear_scan
-from credit.turns import (Turns, check_turn_shapes, discounted_returns, episode_returns,
-                          turn_to_tokens)
+from credit.turns import (Turns, check_state_values, check_turn_shapes, discounted_returns,
+                          episode_returns, turn_to_tokens, validate_turns)
 from trees.step_graph import build_group, map_groups, unique_ids
 
 _EPS = 1e-6
@@ -71,7 +80,9 @@ def _bucket_norm(x, bucket, valid, num_buckets, scale_by_std, eps, ddof=1):
   """x − mean of its bucket (/ (std + eps)) over entries with the same bucket id.
 
   x, bucket, valid: [M]. Buckets of one and buckets whose x are all equal give
-  exactly 0 (GiGPO's step groups). std is Bessel-corrected for ddof=1.
+  exactly 0 (GiGPO's step groups). std is Bessel-corrected for ddof=1. A non-finite x
+  (possible only under jit, where inputs are not validated) makes its bucket NaN, a bucket
+  of one included, never 0 (`~(hi <= lo)`: NaN compares False).
   """
   seg = jnp.where(valid, bucket, num_buckets)
   red = lambda op, v, ident: op(jnp.where(valid, v, ident), seg, num_segments=num_buckets + 1)
@@ -81,7 +92,8 @@ def _bucket_norm(x, bucket, valid, num_buckets, scale_by_std, eps, ddof=1):
   var = red(jax.ops.segment_sum, dev ** 2, 0.0) / jnp.maximum(count - ddof, 1.0)
   lo, hi = red(jax.ops.segment_min, x, jnp.inf), red(jax.ops.segment_max, x, -jnp.inf)
   adv = dev / (jnp.sqrt(var[seg]) + eps) if scale_by_std else dev
-  return jnp.where(valid & (count[seg] > 1) & (hi[seg] > lo[seg]), adv, 0.0)
+  adv = jnp.where(valid & (count[seg] > 1) & ~(hi[seg] <= lo[seg]), adv, 0.0)
+  return jnp.where(valid & ~jnp.isfinite(x), jnp.nan, adv)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -101,6 +113,18 @@ def _lift(fn, turns: Turns, params=(), **static):
               tuple(jnp.asarray(p, jnp.float32) for p in params))
 
 
+def _validated(fn):
+  """fn(turns, **hp) after `validate_turns(turns)` (values checked when concrete, so a NaN
+  reward or a broken turn_mask raises instead of giving numbers); `fn.__wrapped__` skips it
+  (the token wrappers validate once, tokens included)."""
+
+  @functools.wraps(fn)
+  def estimator(turns: Turns, *args, **hparams):
+    return fn(validate_turns(turns), *args, **hparams)
+
+  return estimator
+
+
 def _check_unit(name, value, closed_low=True):
   if isinstance(value, jax.core.Tracer):  # traced hyperparameters are taken as they are
     return
@@ -111,6 +135,7 @@ def _check_unit(name, value, closed_low=True):
 # --------------------------------------------------------------------------- GiGPO
 
 
+@_validated
 def gigpo(turns: Turns, gamma: float = 0.95, omega: float = 1.0, mode: str = "mean_norm",
           episode_stats_per_step: bool = True, eps: float = _EPS):
   """GiGPO (Feng et al. 2025, eqs. 3, 5–8): A = A^E + ω·A^S.
@@ -155,6 +180,7 @@ def _gigpo_group(state_ids, rewards, turn_mask, success, gamma, omega, eps, scal
 # --------------------------------------------------------------------------- GAGPO
 
 
+@_validated
 def gagpo(turns: Turns, gamma: float = 1.0, lam: float = 1.0, normalize: str = "group",
           eps: float = _EPS):
   """GAGPO (Zhu et al. 2026): GAE(γ, λ) over a non-parametric grouped value proxy.
@@ -214,6 +240,7 @@ def _first_in_row(ids, valid):
   return valid & ~dup
 
 
+@_validated
 def salt(turns: Turns, scale_by_std: bool = True, eps: float = _EPS):
   """SALT (Li et al. 2025): a step's advantage is the mean of the trajectory
   advantages of every trajectory through it.
@@ -246,6 +273,7 @@ def _salt_group(state_ids, rewards, turn_mask, success, eps, scale_by_std):
 # --------------------------------------------------------------------------- GraphGPO
 
 
+@_validated
 def graphgpo(turns: Turns, omega: float = 0.9, success_reward: float = 1.0,
              beta_episode: float = 1.0, beta_graph: float = 1.0, edges: str = "distinct",
              scale_by_std: bool = True, eps: float = _EPS):
@@ -301,6 +329,7 @@ def _spread(values, ids, first):
 # --------------------------------------------------------------------------- GTPO
 
 
+@_validated
 def gtpo(turns: Turns, gamma: float = 1.0, normalize: str = "group_turn",
          scale_by_std: bool = True, eps: float = _EPS):
   """GTPO-style turn-level credit: normalised discounted turn returns.
@@ -359,6 +388,8 @@ def _per_state(turns: Turns, field: str, value, who: str, what: str):
   if value is None:
     raise ValueError(f"{who} needs {field} [..., G, K+1] ({what}), as an argument or in "
                      f"turns.{field}.")
+  elif jnp.shape(value) == jnp.shape(turns.state_ids):  # given as an argument: check values
+    check_state_values(field, value, turns.turn_mask, allow_neg_inf=field == "answer_logprobs")
   value = jnp.asarray(value, jnp.float32)
   if value.shape != jnp.shape(turns.state_ids):
     raise ValueError(f"{field} must have state_ids' shape [..., G, K+1] = "
@@ -366,6 +397,7 @@ def _per_state(turns: Turns, field: str, value, who: str, what: str):
   return value
 
 
+@_validated
 def cast(turns: Turns, values_star=None):
   """CAST: A_k = V*(s_{k+1}) − V*(s_k) from a solver's optimal state values.
 
@@ -383,6 +415,7 @@ def cast(turns: Turns, values_star=None):
 # --------------------------------------------------------------------------- IGPO
 
 
+@_validated
 def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: bool = True,
          eps: float = _EPS):
   """IGPO (Wang et al. 2025): information-gain turn rewards, group-normalised, discounted.
@@ -429,7 +462,8 @@ def _token_level(fn):
     if jnp.shape(turns.token_turn) != jnp.shape(rollouts.mask):
       raise ValueError(f"turns.token_turn {jnp.shape(turns.token_turn)} must have the "
                        f"tokens' shape {jnp.shape(rollouts.mask)}.")
-    adv = turn_to_tokens(fn(turns, **hparams), turns.token_turn)
+    validate_turns(turns, rollouts)
+    adv = turn_to_tokens(fn.__wrapped__(turns, **hparams), turns.token_turn)
     return jnp.where(rollouts.mask, adv, 0.0)
 
   tokens.__name__ = f"{fn.__name__}_tokens"

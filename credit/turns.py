@@ -67,15 +67,19 @@ class Turns:
 
 
 def turn_to_tokens(turn_values, token_turn):
-  """turn_values[..., g, token_turn[..., g, t]] at every token; 0 where token_turn < 0.
+  """turn_values[..., g, token_turn[..., g, t]] at every token; 0 where token_turn = -1.
 
-  float [..., G, K], int [..., G, L] -> float32 [..., G, L].
+  float [..., G, K], int [..., G, L] -> float32 [..., G, L]. A token_turn outside
+  [-1, K) raises ValueError when concrete; under jit (no error possible) such a
+  token gets NaN, never another turn's value.
   """
   turn_values = jnp.asarray(turn_values, jnp.float32)
-  token_turn = jnp.asarray(token_turn)
   k = turn_values.shape[-1]
+  _check_token_turn_range(token_turn, k)
+  token_turn = jnp.asarray(token_turn)
   picked = jnp.take_along_axis(turn_values, jnp.clip(token_turn, 0, k - 1), axis=-1)
-  return jnp.where(token_turn >= 0, picked, 0.0)
+  picked = jnp.where((token_turn < -1) | (token_turn >= k), jnp.nan, picked)
+  return jnp.where(token_turn == -1, 0.0, picked)
 
 
 def discounted_returns(rewards, turn_mask, gamma: float):
@@ -90,7 +94,7 @@ def episode_returns(rewards, turn_mask):
 
 def step_graph(turns: Turns, gamma: float = 1.0) -> StepGraph:
   """`trees.build_step_graph` of the turns' states, rewards and success flags."""
-  check_turn_shapes(turns)
+  validate_turns(turns)
   return build_step_graph(turns.state_ids, turns.rewards, turns.turn_mask, turns.success, gamma)
 
 
@@ -99,7 +103,51 @@ def _array(x):
 
 
 def _concrete(*xs):
-  return not any(isinstance(x, jax.core.Tracer) for x in xs)
+  """True when every array's values can be read on this host: not a tracer (under jit), not
+  sharded over several processes (multi-host). Otherwise only shapes are checked."""
+  return not any(isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True)
+                 for x in xs)
+
+
+def _first(bad):
+  return tuple(int(i) for i in np.argwhere(bad)[0])
+
+
+def _check_token_turn_range(token_turn, k: int):
+  """token_turn in [-1, K) when concrete, else a ValueError naming the first bad token."""
+  token_turn = _array(token_turn)
+  if not _concrete(token_turn):
+    return
+  tt = np.asarray(token_turn)
+  out = (tt < -1) | (tt >= k)
+  if np.any(out):
+    where = _first(out)
+    raise ValueError(f"token_turn must be in [-1, K) = [-1, {k}); token_turn{list(where)} = "
+                     f"{tt[where]}.")
+
+
+def check_state_values(name: str, values, turn_mask, allow_neg_inf: bool = False):
+  """Raises ValueError unless `values` [..., G, K+1] (one per state of state_ids) are real
+  numbers and, when concrete, finite in float32 on every state a trajectory visits: indices
+  0 .. n_g of trajectories with n_g >= 1 (the states the estimators read; the rest are
+  padding). `allow_neg_inf`: -inf is allowed (a log-probability of 0: IGPO's probes)."""
+  values = _array(values)
+  if not (jnp.issubdtype(values.dtype, jnp.floating) or jnp.issubdtype(values.dtype,
+                                                                       jnp.integer)):
+    raise ValueError(f"{name} must be real numbers; got dtype {values.dtype}.")
+  if not _concrete(values, turn_mask):
+    return
+  with np.errstate(over="ignore"):
+    v = np.asarray(values, np.float32)
+  n = np.sum(np.asarray(turn_mask, bool), axis=-1)[..., None]
+  visited = (np.arange(v.shape[-1]) <= n) & (n >= 1)
+  bad = np.isnan(v) | (v == np.inf) | ((v == -np.inf) & (not allow_neg_inf))
+  if np.any(bad & visited):
+    where = _first(bad & visited)
+    allowed = " (-inf is allowed: probability 0)" if allow_neg_inf else ""
+    raise ValueError(f"{name} must be finite{allowed} (in float32) on the states trajectories "
+                     f"visit (indices 0 .. n_g); {name}{list(where)} = "
+                     f"{np.asarray(values)[where]}.")
 
 
 def check_turn_shapes(turns: Turns):
@@ -148,11 +196,14 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
   """Raises ValueError on malformed turns; returns them unchanged otherwise.
 
   Checks shapes and dtypes (`check_turn_shapes`) and, when the values are
-  concrete: state_ids fit in int32; rewards finite (float32) on taken turns;
-  turn_mask a run from turn 0; token_turn in [-1, K) and only pointing at
-  taken turns. With `rollouts`
-  (a `credit.Rollouts`), token_turn must have the tokens' shape and be -1 on
-  masked tokens.
+  concrete (not under jit, not sharded over hosts): state_ids fit in int32;
+  turn_mask a run from turn 0; rewards finite (float32) on taken turns;
+  values_star finite and answer_logprobs not NaN or +inf on the states a
+  trajectory visits (`check_state_values`); token_turn in [-1, K) and only
+  pointing at taken turns. With `rollouts` (a `credit.Rollouts`, or anything
+  with a `mask` [..., G, L]), token_turn must have the tokens' shape and be -1
+  on masked tokens. Every turn estimator of `credit.agents` runs it on its
+  input; under jit only the static checks run (validate on the host first).
   """
   check_turn_shapes(turns)
   mask = _array(turns.turn_mask)
@@ -163,20 +214,24 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
     if np.any((np.asarray(state_ids) < info.min) | (np.asarray(state_ids) > info.max)):
       raise ValueError("state_ids must fit in int32 (they are compared as int32); hash them "
                        "to 32 bits first.")
-  if _concrete(mask, rewards):
-    mask = np.asarray(mask)
-    with np.errstate(over="ignore"):
-      r = np.asarray(rewards, np.float32)
-    bad = mask & ~np.isfinite(r)
-    if np.any(bad):
-      where = tuple(int(i) for i in np.argwhere(bad)[0])
-      raise ValueError(f"rewards must be finite (in float32) on taken turns; "
-                       f"rewards{list(where)} = {np.asarray(rewards)[where]}.")
-    later = mask[..., 1:] & ~mask[..., :-1]
+  if _concrete(mask):
+    later = np.asarray(mask)[..., 1:] & ~np.asarray(mask)[..., :-1]
     if np.any(later):
-      where = tuple(int(i) for i in np.argwhere(later)[0])
+      where = _first(later)
       raise ValueError(f"turn_mask must be a run from turn 0 (taken turns first); trajectory "
                        f"{list(where[:-1])} takes turn {where[-1] + 1} but not turn {where[-1]}.")
+  if _concrete(mask, rewards):
+    with np.errstate(over="ignore"):
+      r = np.asarray(rewards, np.float32)
+    bad = np.asarray(mask) & ~np.isfinite(r)
+    if np.any(bad):
+      where = _first(bad)
+      raise ValueError(f"rewards must be finite (in float32) on taken turns; "
+                       f"rewards{list(where)} = {np.asarray(rewards)[where]}.")
+  if turns.values_star is not None:
+    check_state_values("values_star", turns.values_star, mask)
+  if turns.answer_logprobs is not None:
+    check_state_values("answer_logprobs", turns.answer_logprobs, mask, allow_neg_inf=True)
   if turns.token_turn is None:
     if rollouts is not None:
       raise ValueError("token_turn is None: the turns cannot be matched to the rollouts' tokens.")
@@ -186,23 +241,19 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
   if rollouts is not None and token_turn.shape != np.shape(rollouts.mask):
     raise ValueError(f"token_turn must have the tokens' shape {np.shape(rollouts.mask)}; got "
                      f"{token_turn.shape}.")
+  _check_token_turn_range(token_turn, k)
   if _concrete(token_turn, mask):
     tt = np.asarray(token_turn)
-    out = (tt < -1) | (tt >= k)
-    if np.any(out):
-      where = tuple(int(i) for i in np.argwhere(out)[0])
-      raise ValueError(f"token_turn must be in [-1, K) = [-1, {k}); token_turn{list(where)} = "
-                       f"{tt[where]}.")
     taken = np.take_along_axis(np.asarray(mask), np.clip(tt, 0, k - 1), axis=-1)
     untaken = (tt >= 0) & ~taken
     if np.any(untaken):
-      where = tuple(int(i) for i in np.argwhere(untaken)[0])
+      where = _first(untaken)
       raise ValueError(f"token_turn{list(where)} = {tt[where]} points at a turn that was not "
                        f"taken (turn_mask is False there).")
-    if rollouts is not None and _concrete(rollouts.mask):
-      stray = (tt >= 0) & ~np.asarray(rollouts.mask)
+    if rollouts is not None and _concrete(_array(rollouts.mask)):
+      stray = (tt >= 0) & ~np.asarray(rollouts.mask, bool)
       if np.any(stray):
-        where = tuple(int(i) for i in np.argwhere(stray)[0])
+        where = _first(stray)
         raise ValueError(f"token_turn{list(where)} = {tt[where]} assigns a masked token "
                          f"(rollouts.mask is False there) to a turn; use -1.")
   return turns

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from credit.rollouts import Rollouts
+from credit.turns import validate_turns
 from trees.prefix_tree import as_tokens_and_mask
 
 _PER_TOKEN = ("logprobs", "old_logprobs", "ref_logprobs", "token_rewards", "values")
@@ -13,6 +14,11 @@ _PER_TOKEN = ("logprobs", "old_logprobs", "ref_logprobs", "token_rewards", "valu
 def _array(x):
   """jax arrays (tracers included) as they are, anything else through numpy."""
   return x if isinstance(x, jax.Array) else np.asarray(x)
+
+
+def _concrete(x) -> bool:
+  """Values readable here: not a tracer (jit), not sharded over several processes."""
+  return not isinstance(x, jax.core.Tracer) and getattr(x, 'is_fully_addressable', True)
 
 
 def _is_real(dtype, allow_bool: bool) -> bool:
@@ -29,8 +35,9 @@ def validate(rollouts: Rollouts) -> Rollouts:
   [..., G] real numbers (bool, int or float) and finite in float32; optional
   per-token fields are int or float of the tokens' shape, finite in float32 on
   unmasked tokens; a policy_mask is boolean, of the tokens' shape and inside mask;
-  an explicit tree has the tokens' mask. Values are checked
-  only when concrete (under jit: shapes and dtypes only).
+  an explicit tree has the tokens' mask; `turns` (multi-turn trajectories) pass
+  `credit.validate_turns` against the tokens. Values are checked only when concrete
+  (under jit, or sharded over several hosts: shapes and dtypes only).
   """
   tokens, mask = as_tokens_and_mask(rollouts.tokens, rollouts.mask)
   rewards = _array(rollouts.rewards)
@@ -39,8 +46,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
                      f"{tokens.shape}; got {rewards.shape}.")
   if not _is_real(rewards.dtype, allow_bool=True):
     raise ValueError(f"rewards must be real numbers; got dtype {rewards.dtype}.")
-  concrete = not isinstance(mask, jax.core.Tracer)
-  if concrete and not isinstance(rewards, jax.core.Tracer):
+  concrete = _concrete(mask)
+  if concrete and _concrete(rewards):
     with np.errstate(over='ignore'):  # 1e300 -> inf is the point of the check
       r = np.asarray(rewards, np.float32)  # what the estimators compute with
     if not np.all(np.isfinite(r)):
@@ -56,7 +63,7 @@ def validate(rollouts: Rollouts) -> Rollouts:
       raise ValueError(f"{name} must have the tokens' shape {tokens.shape}; got {value.shape}.")
     if not _is_real(value.dtype, allow_bool=False):
       raise ValueError(f"{name} must be real numbers (int or float); got dtype {value.dtype}.")
-    if concrete and not isinstance(value, jax.core.Tracer):
+    if concrete and _concrete(value):
       with np.errstate(over='ignore'):
         finite = np.isfinite(np.asarray(value, np.float32))
       if not np.all(finite | ~np.asarray(mask)):
@@ -66,7 +73,7 @@ def validate(rollouts: Rollouts) -> Rollouts:
     if policy.shape != tokens.shape or policy.dtype != jnp.bool_:
       raise ValueError(f"policy_mask must be boolean of the tokens' shape {tokens.shape}; got "
                        f"{policy.dtype} {policy.shape}.")
-    if concrete and not isinstance(policy, jax.core.Tracer):
+    if concrete and _concrete(policy):
       stray = np.asarray(policy) & ~np.asarray(mask)
       if np.any(stray):
         where = tuple(int(i) for i in np.argwhere(stray)[0])
@@ -77,7 +84,9 @@ def validate(rollouts: Rollouts) -> Rollouts:
     if tree.mask.shape != tokens.shape:
       raise ValueError(f"tree is of shape [..., G, L] = {tree.mask.shape}; the tokens are "
                        f"{tokens.shape}.")
-    if concrete and not isinstance(tree.mask, jax.core.Tracer) and not np.array_equal(
+    if concrete and _concrete(tree.mask) and not np.array_equal(
         np.asarray(tree.mask), np.asarray(mask)):
       raise ValueError("tree.mask differs from mask: the tree was built from other responses.")
+  if rollouts.turns is not None:
+    validate_turns(rollouts.turns, rollouts)
   return rollouts

@@ -81,6 +81,39 @@ class ReasoningGymTask(TextTask):
   def __post_init__(self):
     if self.answer_format not in ('plain', 'tags'):
       raise ValueError(f"answer_format must be 'plain' or 'tags', got {self.answer_format!r}")
+    if isinstance(self.eval_guard, bool) or not isinstance(self.eval_guard, int) or \
+        self.eval_guard < 1:
+      raise ValueError(f'{self.dataset}: eval_guard must be an int >= 1 (eval questions '
+                       f'held out of training); got {self.eval_guard!r}')
+    self.check_options()
+
+  def check_options(self):
+    """Raises ValueError naming the dataset and the option when reasoning-gym would refuse
+    the options (an unknown key, a value its config's `validate` asserts against, e.g.
+    min_terms > max_terms), without generating anything: the dataset's config is built
+    and validated as `reasoning_gym.create_dataset` does."""
+    from reasoning_gym.factory import DATASETS
+    if self.dataset not in DATASETS:
+      raise ValueError(f'unknown reasoning-gym dataset {self.dataset!r}')
+    config_cls = DATASETS[self.dataset][1]
+    try:
+      given = dict(self.options)
+    except (TypeError, ValueError):
+      raise ValueError(f'{self.dataset}: options must be (key, value) pairs or a dict; got '
+                       f'{self.options!r}') from None
+    valid = sorted(f.name for f in dataclasses.fields(config_cls) if f.name not in ('seed', 'size'))
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+      raise ValueError(f'{self.dataset}: unknown reasoning-gym option(s) {", ".join(unknown)} '
+                       f'(seed and size are set by the task); valid: {", ".join(valid)}')
+    opts = {**dict(DEFAULT_OPTIONS.get(self.dataset, ())), **given}
+    try:
+      config = config_cls(seed=0, size=1, **opts)
+      if hasattr(config, 'validate'):
+        config.validate()
+    except (AssertionError, TypeError, ValueError) as e:
+      raise ValueError(f'{self.dataset}: reasoning-gym rejects the options {opts} (defaults '
+                       f'included): {e or type(e).__name__}') from None
 
   @property
   def name(self):
@@ -134,6 +167,9 @@ class JaxTaskAsText(TextTask):
   task_name: str = 'addition'
   task_kwargs: tuple = ()
   system_prompt: Optional[str] = None
+
+  def __post_init__(self):
+    self.jax_task  # unknown task names and arguments raise ValueError here, up front
 
   @property
   def jax_task(self):
@@ -208,14 +244,26 @@ def _jit_reward(task):
   return jax.jit(task.reward)
 
 
+def _check_overrides(name: str, cls, overrides: dict, fixed: str):
+  """A ValueError naming the task and the keys that are not fields of `cls`."""
+  valid = sorted(f.name for f in dataclasses.fields(cls) if f.init and f.name != fixed)
+  unknown = sorted(set(overrides) - set(valid))
+  if unknown:
+    raise ValueError(f'text task {name!r}: unknown option(s) {", ".join(unknown)}; valid: '
+                     f'{", ".join(valid)}')
+
+
 def make_text_task(name: str, **overrides) -> TextTask:
   """A text task by name; overrides are the task's dataclass fields
-  (`options` / `task_kwargs` may be dicts)."""
+  (`options` / `task_kwargs` may be dicts). Unknown fields, and reasoning-gym options
+  its dataset would refuse, raise ValueError here (`ReasoningGymTask.check_options`)."""
   if name in ('chain_sum', 'basic_arithmetic', 'countdown'):
+    _check_overrides(name, ReasoningGymTask, overrides, 'dataset')
     if hasattr(overrides.get('options'), 'items'):  # a dict or ConfigDict
       overrides['options'] = tuple(sorted(overrides['options'].items()))
     return ReasoningGymTask(dataset=name, **overrides)
   if name in ('jax_addition', 'jax_countdown'):
+    _check_overrides(name, JaxTaskAsText, overrides, 'task_name')
     if hasattr(overrides.get('task_kwargs'), 'items'):
       overrides['task_kwargs'] = tuple(sorted(overrides['task_kwargs'].items()))
     return JaxTaskAsText(task_name=name[len('jax_'):], **overrides)

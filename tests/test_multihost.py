@@ -8,10 +8,13 @@ in the other and training continues identically. Processes are started with
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
+import pytest
 
 TIMING = ('wall_s', 'sample_s', 'logprob_s', 'credit_s', 'update_s', 'step_s',
           'sampled_tokens_per_s', 'train_tokens_per_s', 'credit_frac')
@@ -37,11 +40,27 @@ def quick_cfg(steps: int):
 
 
 def drive(runs: str):
-  """Runs `workdir:steps[,workdir:steps...]` in order; process 0 saves <workdir>/params.npz."""
+  """Runs `workdir:steps[,workdir:steps...]` in order; process 0 saves <workdir>/params.npz.
+
+  With STALL=<process>:<step> that process, once its checkpoint of <step> is saved,
+  writes <workdir>/stalled and sleeps (alive, heartbeating) until the test kills it.
+  """
   from experiments.training import train_step as ts
   ts.maybe_initialize_distributed()
   import jax
   from experiments.training import loop
+  if os.environ.get('STALL'):
+    victim, at = map(int, os.environ['STALL'].split(':'))
+    save = loop.save_checkpoint
+
+    def save_then_stall(mngr, step, *args, **kwargs):
+      save(mngr, step, *args, **kwargs)
+      if step == at and jax.process_index() == victim:
+        open(os.path.join(os.path.dirname(str(mngr.directory)), 'stalled'), 'w').close()
+        while True:
+          time.sleep(1)
+
+    loop.save_checkpoint = save_then_stall
   from experiments.models import decoder
   assert jax.process_count() == int(os.environ['JAX_NUM_PROCESSES']), jax.process_count()
   assert jax.device_count() == DEVICES, jax.devices()
@@ -58,14 +77,21 @@ def drive(runs: str):
     print(f'process {jax.process_index()}/{jax.process_count()}: {run} done', flush=True)
 
 
-def launch(num_processes: int, runs: list, cache: str, timeout: int = 300):
+def base_env(cache: str) -> dict:
   # Compile time dominates: cheap XLA CPU codegen (the same in every run), and a
   # persistent cache so that each topology (1 x 4 or 2 x 2 devices) compiles once.
   flags = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
   env = dict(os.environ, XLA_FLAGS=f'{flags} {os.environ.get("XLA_FLAGS", "")}',
              JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
-  env.pop('JAX_COORDINATOR_ADDRESS', None)
+  for k in ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID', 'STALL',
+            'TREECREDIT_DISTRIBUTED'):
+    env.pop(k, None)
+  return env
+
+
+def launch(num_processes: int, runs: list, cache: str, timeout: int = 300):
+  env = base_env(cache)
   cmd = [sys.executable, '-m', 'experiments.launch_local', '--num_processes', str(num_processes),
          '--devices_per_process', str(DEVICES // num_processes), '--timeout', str(timeout - 10),
          '--', os.path.abspath(__file__), ','.join(runs)]
@@ -116,5 +142,168 @@ def test_two_processes_match_one_and_checkpoints_cross(tmp_path):
   assert sorted(os.listdir(d('two_half') + '/checkpoints')) == ['2', '4']
 
 
+def start_by_hand(runs: list, cache: str, logs: str, **extra_env):
+  """2 x 2-device processes started as on a pod (no launcher watching them); stdout and
+  stderr of process i go to <logs>.<i>.out / .err."""
+  from experiments import launch_local
+  port = launch_local.free_port()
+  env = dict(base_env(cache), **extra_env)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  procs = []
+  for i in range(2):
+    with open(f'{logs}.{i}.out', 'w') as out, open(f'{logs}.{i}.err', 'w') as err:
+      procs.append(subprocess.Popen(
+          [sys.executable, os.path.abspath(__file__), ','.join(runs)], cwd=root,
+          env=launch_local.process_env(env, port, 2, i, DEVICES // 2), stdout=out, stderr=err))
+  return procs
+
+
+def wait_for(path: str, procs, timeout: float):
+  deadline = time.time() + timeout
+  while not os.path.exists(path):
+    assert all(p.poll() is None for p in procs), [p.returncode for p in procs]
+    assert time.time() < deadline, f'{path} did not appear in {timeout} s'
+    time.sleep(0.05)
+
+
+PEER_TIMEOUT = 3  # seconds, for the small watchdog tests below
+
+
+def run_collectives(tmp_path, mode: str, kill=None):
+  """Starts `collectives(mode)` by hand; optionally SIGKILLs process `kill` once both run.
+
+  Returns (exit statuses, stderr of each process, seconds from the kill to the exit of
+  the other process)."""
+  os.makedirs(tmp_path / 'run' / 'checkpoints' / '3')  # what the message names
+  os.makedirs(tmp_path / 'run' / 'checkpoints' / '5.orbax-checkpoint-tmp-7')  # not a step
+  logs = str(tmp_path / 'log')
+  procs = start_by_hand([f'collectives:{mode}:{tmp_path / "run"}'], str(tmp_path / 'cache'),
+                        logs, TREECREDIT_PEER_TIMEOUT=str(PEER_TIMEOUT))
+  latency = None
+  try:
+    if kill is not None:
+      for i in range(2):
+        wait_for(str(tmp_path / 'run' / f'running.{i}'), procs, timeout=120)
+      procs[kill].send_signal(signal.SIGKILL)
+      t_kill = time.time()
+      procs[1 - kill].wait(timeout=60)
+      latency = time.time() - t_kill
+    codes = [p.wait(timeout=120) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+      p.wait()
+  return codes, [open(f'{logs}.{i}.err').read() for i in range(2)], latency
+
+
+def watchdog_lines(err: str) -> list:
+  return [l for l in err.splitlines() if l.startswith('treecredit:')]
+
+
+def test_watchdog_killed_peer_ends_the_other_with_one_line(tmp_path):
+  from experiments.training import watchdog
+  codes, errs, latency = run_collectives(tmp_path, 'loop', kill=1)
+  print(f'survivor exited {latency:.1f} s after the kill (timeout {PEER_TIMEOUT} s)')
+  assert codes[0] == watchdog.EXIT_PEER_LOST, errs[0][-3000:]
+  assert PEER_TIMEOUT - 1 <= latency < PEER_TIMEOUT + 10, latency
+  lines = watchdog_lines(errs[0])
+  assert len(lines) == 1, errs[0][-3000:]
+  ckpt = str(tmp_path / 'run' / 'checkpoints')
+  assert 'process 1 of 2 died' in lines[0] and f'resume from step 3 of {ckpt}' in lines[0]
+  assert 'Check failure stack trace' not in errs[0], errs[0][-3000:]
+
+
+def test_watchdog_failed_peer_ends_the_other_and_keeps_its_error(tmp_path):
+  from experiments.training import watchdog
+  codes, errs, _ = run_collectives(tmp_path, 'raise')
+  assert codes == [watchdog.EXIT_PEER_LOST, 1], errs
+  assert 'RuntimeError: boom in process 1' in errs[1]  # the real error, with its traceback
+  assert 'Traceback' in errs[1] and not watchdog_lines(errs[1]), errs[1][-3000:]
+  lines = watchdog_lines(errs[0])
+  assert len(lines) == 1 and 'process 1 of 2 failed (RuntimeError: boom in process 1' in lines[0]
+  assert 'Check failure stack trace' not in errs[0] + errs[1]
+
+
+def test_watchdog_finished_peer_is_not_a_dead_one(tmp_path):
+  codes, errs, _ = run_collectives(tmp_path, 'finish')
+  assert codes == [0, 0], errs
+  assert not watchdog_lines(errs[0] + errs[1]), errs
+
+
+@pytest.mark.slow  # ~3 minutes on 2 CPU cores (3 training jobs; compile dominates)
+def test_killed_process_stops_the_other_and_resume_is_exact(tmp_path):
+  """SIGKILL process 1 of a job started by hand after its step-2 checkpoint: process 0
+  exits within ~20 s (the watchdog's timeout) with one line naming process 1 and the
+  checkpoint; rerunning both resumes and gives the uninterrupted run's metric rows."""
+  from experiments.training import watchdog
+  d = lambda name: str(tmp_path / name)
+  cache, logs = d('jit_cache'), d('killed')
+  launch(2, [d('ref:4')], cache)  # the uninterrupted run (and the jit cache)
+  procs = start_by_hand([d('run:4')], cache, logs, STALL='1:2')
+  try:
+    wait_for(d('run/stalled'), procs, timeout=240)
+    procs[1].send_signal(signal.SIGKILL)
+    t_kill = time.time()
+    rc = procs[0].wait(timeout=60)
+    latency = time.time() - t_kill
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+      p.wait()
+  err = open(f'{logs}.0.err').read()
+  print(f'survivor exited {latency:.1f} s after the kill, status {rc}')
+  assert rc == watchdog.EXIT_PEER_LOST, err[-3000:]
+  assert latency < 30, latency
+  lines = [l for l in err.splitlines() if l.startswith('treecredit:')]
+  assert len(lines) == 1, err[-3000:]
+  ckpt = os.path.abspath(d('run/checkpoints'))
+  assert 'process 1 of 2 died' in lines[0] and f'step 2 of {ckpt}' in lines[0], lines[0]
+  assert 'Check failure stack trace' not in err and 'Terminating process' not in err, err[-3000:]
+  assert sorted(os.listdir(ckpt)) == ['2']
+
+  procs = start_by_hand([d('run:4')], cache, d('resumed'))  # rerun both: resumes at step 2
+  codes = [p.wait(timeout=240) for p in procs]
+  assert codes == [0, 0], open(d('resumed') + '.0.err').read()[-3000:]
+  assert_same(results(d('run')), results(d('ref')))
+
+
+def collectives(mode: str, workdir: str):
+  """Tiny 2-process job for the watchdog tests: an all-reduce every 10 ms.
+
+  mode 'loop': forever (the test kills a process); 'raise': process 1 raises after 20
+  all-reduces; 'finish': process 1 returns after 20, process 0 idles 3 timeouts, then
+  returns (a finished peer is not a dead one).
+  """
+  from experiments.training import train_step as ts
+  from experiments.training import watchdog
+  ts.maybe_initialize_distributed()
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  watchdog.register_checkpoints(os.path.join(workdir, 'checkpoints'))
+  mesh = ts.make_mesh()
+  total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))
+  x = jax.make_array_from_process_local_data(NamedSharding(mesh, P(('data', 'fsdp'))),
+                                             np.ones((DEVICES // 2,), np.float32))
+  i = 0
+  while True:
+    assert float(total(x)) == DEVICES
+    i += 1
+    if i == 20:
+      open(os.path.join(workdir, f'running.{jax.process_index()}'), 'w').close()
+    if i == 20 and mode == 'raise' and jax.process_index() == 1:
+      raise RuntimeError('boom in process 1')
+    if i == 20 and mode == 'finish':
+      if jax.process_index() == 0:
+        time.sleep(3 * watchdog.timeout_from_env())
+      return
+    time.sleep(0.01)
+
+
 if __name__ == '__main__':
-  drive(sys.argv[1])
+  if sys.argv[1].startswith('collectives:'):
+    collectives(*sys.argv[1].split(':')[1:])
+  else:
+    drive(sys.argv[1])

@@ -190,6 +190,72 @@ def test_decode_bad_input(tok):
     tok.decode([[1, 2]])
 
 
+def test_decode_refuses_ids_outside_vocab(tok):
+  with pytest.raises(ValueError, match=r'outside the vocabulary \(vocab_size=49152\): 49152, 70000'):
+    tok.decode([5, 49152, 70000, 49152])
+  with pytest.raises(ValueError, match=r'49152, .*\(12 distinct\)'):
+    tok.decode(np.arange(49152, 49164))
+  # Pad / eos / bos and the last id stay decodable.
+  assert tok.decode([tok.pad_id, tok.eos_id, tok.bos_id]) == ''
+  assert tok.decode([tok.vocab_size - 1]) == tok.decode(np.array([tok.vocab_size - 1], np.int64))
+
+
+def test_chat_content_must_be_str(tok):
+  ok = {'role': 'user', 'content': 'hi'}
+  with pytest.raises(ValueError, match=r"messages\[1\] \(role 'assistant'\).*got NoneType"):
+    tok.render_chat([ok, {'role': 'assistant', 'content': None}])
+  with pytest.raises(ValueError, match=r'messages\[0\].*got list'):
+    tok.render_chat([{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}, ok])
+  with pytest.raises(ValueError, match=r'messages\[2\].*got no content'):
+    tok.encode_chat([ok, ok, {'role': 'user'}])
+
+
+def _truncate(path, keep=0.5):
+  data = path.read_bytes()
+  path.write_bytes(data[:int(len(data) * keep)])
+
+
+@pytest.mark.parametrize('name', ['tokenizer.json', 'tokenizer_config.json',
+                                  'generation_config.json', 'config.json'])
+def test_corrupt_hf_files_are_named(name, tmp_path):
+  t = _toy()
+  t.save_hf_dir(tmp_path)
+  (tmp_path / 'config.json').write_text('{"vocab_size": 300}')
+  assert Tokenizer.from_hf_dir(tmp_path).vocab_size == 300
+  _truncate(tmp_path / name)
+  with pytest.raises(ValueError, match=f'{name}: not (a )?valid'):
+    Tokenizer.from_hf_dir(tmp_path)
+
+
+def test_bad_hf_files_are_named(tmp_path):
+  t = _toy()
+  t.save_hf_dir(tmp_path)
+  (tmp_path / 'generation_config.json').write_text('[1, 2]')
+  with pytest.raises(ValueError, match='generation_config.json: expected a JSON object, got list'):
+    Tokenizer.from_hf_dir(tmp_path)
+  t.save_hf_dir(tmp_path / 'b')
+  config = tmp_path / 'b' / 'tokenizer_config.json'
+  config.write_text(config.read_text().replace('"<|endoftext|>"', '"<nope>"'))
+  with pytest.raises(ValueError, match=r"b: eos token '<nope>' is not in the vocabulary"):
+    Tokenizer.from_hf_dir(tmp_path / 'b')
+
+
+def test_truncated_gguf_is_named(tmp_path):
+  path = tmp_path / 'tok.gguf'
+  writer = gguf.GGUFWriter(str(path), 'llama')
+  writer.add_tokenizer_model('gpt2')
+  writer.add_token_list(['<|endoftext|>'] + sorted(pre_tokenizers.ByteLevel.alphabet()))
+  writer.add_eos_token_id(0)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  assert Tokenizer.from_gguf(path).vocab_size == 257
+  _truncate(path, 0.6)
+  with pytest.raises(ValueError, match='tok.gguf: not a readable GGUF file'):
+    Tokenizer.from_gguf(path)
+
+
 def test_hf_dir_round_trip(tok, tmp_path):
   tok.save_hf_dir(tmp_path)
   again = Tokenizer.from_hf_dir(tmp_path)

@@ -157,6 +157,80 @@ def _pack_all(prompts, plen, tokens, mask, node, *, pack_len):
                                                                    node)
 
 
+def _concrete(x) -> bool:
+  """Values readable on this host: not a tracer, not sharded over several processes."""
+  return not isinstance(x, jax.core.Tracer) and getattr(x, 'is_fully_addressable', True)
+
+
+def _first(bad) -> list:
+  return [int(i) for i in np.argwhere(bad)[0]]
+
+
+def _dtype(x):
+  return x.dtype if hasattr(x, 'dtype') else np.asarray(x).dtype
+
+
+def check_inputs(prompts, tokens, mask, prompt_len=None, *, pack_len: int, node=None):
+  """Raises ValueError on inputs `pack` would lay out as garbage (see `pack`'s Args).
+
+  Static: prompts int [B, P] with P >= 1; tokens int and mask bool [B, G, L] with
+  G, L >= 1; prompt_len int [B]; pack_len an int > P; node int [B, G, L]. When
+  concrete (not traced, not sharded over hosts): mask one run from position 0;
+  1 <= prompt_len <= P; node in [1, N) on response tokens and N = 1 + G * L
+  elsewhere (as `node_ids` gives them).
+  """
+  pshape, tshape, mshape = np.shape(prompts), np.shape(tokens), np.shape(mask)
+  if len(pshape) != 2 or pshape[1] < 1:
+    raise ValueError(f'prompts must be [B, P] with P >= 1; got shape {pshape}.')
+  b, p = pshape
+  if len(tshape) != 3 or tshape[0] != b or tshape != mshape:
+    raise ValueError(f'tokens {tshape} and mask {mshape} must be [B, G, L] with '
+                     f'B = {b} prompts.')
+  if tshape[1] < 1 or tshape[2] < 1:
+    raise ValueError(f'tokens must be [B, G, L] with G, L >= 1; got {tshape}.')
+  for name, x in (('prompts', prompts), ('tokens', tokens)):
+    if not jnp.issubdtype(_dtype(x), jnp.integer):
+      raise ValueError(f'{name} must be integer token ids; got dtype {_dtype(x)}.')
+  if _dtype(mask) != jnp.bool_:
+    raise ValueError(f'mask must be boolean; got dtype {_dtype(mask)}.')
+  if isinstance(pack_len, bool) or not isinstance(pack_len, (int, np.integer)):
+    raise ValueError(f'pack_len must be a (static) int; got {pack_len!r}.')
+  if pack_len < p + 1:
+    raise ValueError(f'pack_len {pack_len} must exceed the prompt length {p}.')
+  if _concrete(mask):
+    m = np.asarray(mask)
+    holes = m[..., 1:] & ~m[..., :-1]
+    if holes.any():
+      at = _first(holes)
+      raise ValueError(f'mask has holes: each response must be one run from position 0, but '
+                       f'mask{at[:-1] + [at[-1] + 1]} is True after a False.')
+  if prompt_len is not None:
+    if np.shape(prompt_len) != (b,):
+      raise ValueError(f'prompt_len must be [B] = ({b},), one true length per prompt; got '
+                       f'shape {np.shape(prompt_len)}.')
+    if not jnp.issubdtype(_dtype(prompt_len), jnp.integer):
+      raise ValueError(f'prompt_len must be integers; got dtype {_dtype(prompt_len)}.')
+    if _concrete(prompt_len):
+      plen = np.asarray(prompt_len)
+      bad = (plen < 1) | (plen > p)
+      if bad.any():
+        at = _first(bad)
+        raise ValueError(f'prompt_len must be in [1, P] = [1, {p}] (a response is scored from '
+                         f'the last prompt token); prompt_len{at} = {plen[tuple(at)]}.')
+  if node is not None:
+    if np.shape(node) != tshape or not jnp.issubdtype(_dtype(node), jnp.integer):
+      raise ValueError(f'node must be int [B, G, L] = {tshape} (`node_ids`); got '
+                       f'{_dtype(node)} {np.shape(node)}.')
+    if _concrete(node) and _concrete(mask):
+      nd, m, n = np.asarray(node), np.asarray(mask), 1 + tshape[1] * tshape[2]
+      bad = np.where(m, (nd < 1) | (nd >= n), nd != n)
+      if bad.any():
+        at = _first(bad)
+        raise ValueError(f'node ids must be in [1, N) = [1, {n}) on response tokens and N '
+                         f'off them (`node_ids`); node{at} = {nd[tuple(at)]} where mask is '
+                         f'{bool(m[tuple(at)])}.')
+
+
 def pack(prompts, tokens, mask, prompt_len=None, *, pack_len: int, mode: str = 'tree',
          node=None, attention: str = 'paths') -> Packing:
   """Packs B groups into rows of `pack_len` slots (see the module docstring).
@@ -171,22 +245,19 @@ def pack(prompts, tokens, mask, prompt_len=None, *, pack_len: int, mode: str = '
     node: optional precomputed `node_ids` [B, G, L].
     attention: 'paths' or 'mask' (see `Packing`).
   Raises:
-    ValueError: a group does not fit in pack_len (checked when values are concrete).
+    ValueError: a malformed input (`check_inputs`), or a group that does not fit in
+      pack_len (values checked when concrete).
   """
+  check_inputs(prompts, tokens, mask, prompt_len, pack_len=pack_len, node=node)
   prompts, tokens, mask = jnp.asarray(prompts), jnp.asarray(tokens), jnp.asarray(mask)
   b, p = prompts.shape
-  if tokens.ndim != 3 or tokens.shape[0] != b or tokens.shape != mask.shape:
-    raise ValueError(f'tokens {tokens.shape} and mask {mask.shape} must be [B, G, L] with '
-                     f'B = {b} prompts.')
   if attention not in ATTENTION:
     raise ValueError(f"unknown packed attention {attention!r}; valid: {', '.join(ATTENTION)}.")
-  if pack_len < p + 1:
-    raise ValueError(f'pack_len {pack_len} must exceed the prompt length {p}.')
   g, l = tokens.shape[1:]
   if node is None:
     node = node_ids(tokens, mask, mode)
   plen = jnp.full((b,), p, jnp.int32) if prompt_len is None else jnp.asarray(prompt_len, jnp.int32)
-  if not isinstance(node, jax.core.Tracer) and getattr(node, 'is_fully_addressable', True):
+  if _concrete(node):
     need = p + int(np.max(np.asarray(num_unique(node, 1 + g * l))))
     if need > pack_len:
       raise ValueError(f'a group needs {need} packed slots (prompt {p} + its unique response '

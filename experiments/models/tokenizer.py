@@ -82,8 +82,19 @@ class Tokenizer:
     return self._tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids, skip_special: bool = True) -> str:
-    """Text of `ids` (any int sequence or array); special tokens dropped if `skip_special`."""
+    """Text of `ids` (any int sequence or array); special tokens dropped if `skip_special`.
+
+    Ids must lie in the model's id space [0, vocab_size), else ValueError naming them.
+    Ids in it that the tokenizer has no string for (a model whose embedding has more
+    rows than the tokenizer has tokens, e.g. Qwen2's padding rows) decode to nothing,
+    as in Hugging Face's tokenizers.
+    """
     ids = _as_id_list(ids)
+    bad = sorted({i for i in ids if i >= self.vocab_size})
+    if bad:
+      shown = ', '.join(map(str, bad[:8])) + (f', ... ({len(bad)} distinct)' if len(bad) > 8
+                                               else '')
+      raise ValueError(f'ids outside the vocabulary (vocab_size={self.vocab_size}): {shown}')
     return self._tok.decode(ids, skip_special_tokens=skip_special)
 
   def token_to_id(self, token: str) -> int | None:
@@ -104,6 +115,10 @@ class Tokenizer:
     if not isinstance(messages, (list, tuple)) or not all(
         isinstance(m, dict) and 'role' in m for m in messages):
       raise ValueError('messages must be a list of dicts with a "role" key')
+    for i, m in enumerate(messages):
+      if not isinstance(m.get('content'), str):
+        got = 'no content' if 'content' not in m else type(m['content']).__name__
+        raise ValueError(f'messages[{i}] (role {m["role"]!r}): content must be a str, got {got}')
     special = {'bos_token': self._bos_token, 'eos_token': self._eos_token,
                'pad_token': self._pad_token, 'tools': None, 'documents': None}
     return _compile(self.chat_template).render(
@@ -174,7 +189,14 @@ class Tokenizer:
     weight loader can share it).
     """
     import gguf  # Only needed here.
-    reader = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(os.fspath(path))
+    if isinstance(path, gguf.GGUFReader):
+      reader = path
+    else:
+      try:
+        reader = gguf.GGUFReader(os.fspath(path))
+      except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise ValueError(f'{os.fspath(path)}: not a readable GGUF file '
+                         f'(corrupt or truncated?): {type(e).__name__}: {e}') from e
     meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith('tokenizer.')}
     return from_gguf_metadata(meta)
 
@@ -190,7 +212,11 @@ class Tokenizer:
     path = pathlib.Path(path)
     if not (path / 'tokenizer.json').is_file():
       raise FileNotFoundError(f'no tokenizer.json in {path}')
-    tok = tokenizers.Tokenizer.from_file(str(path / 'tokenizer.json'))
+    try:
+      tok = tokenizers.Tokenizer.from_file(str(path / 'tokenizer.json'))
+    except Exception as e:  # pylint: disable=broad-except  # tokenizers raises bare Exception.
+      raise ValueError(f'{path / "tokenizer.json"}: not a valid tokenizer.json '
+                       f'(corrupt or truncated?): {e}') from e
     config = _read_json(path / 'tokenizer_config.json')
     gen = _read_json(path / 'generation_config.json')
     gen_eos = gen.get('eos_token_id')
@@ -211,8 +237,11 @@ class Tokenizer:
     model = _read_json(path / 'config.json')
     model_vocab = model.get('vocab_size') or model.get('text_config', {}).get('vocab_size') or 0
     vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(ids) + 1, model_vocab)
-    return cls(tok, vocab_size=vocab_size, eos_token=eos, bos_token=bos, pad_token=pad,
-               chat_template=_hf_chat_template(path, config), extra_stop_ids=gen_eos)
+    try:
+      return cls(tok, vocab_size=vocab_size, eos_token=eos, bos_token=bos, pad_token=pad,
+                 chat_template=_hf_chat_template(path, config), extra_stop_ids=gen_eos)
+    except ValueError as e:
+      raise ValueError(f'{path}: {e}') from e
 
   def save_hf_dir(self, path) -> None:
     """Write tokenizer.json, tokenizer_config.json and generation_config.json.
@@ -375,7 +404,10 @@ def _token_str(tok) -> str | None:
 def _hf_chat_template(path: pathlib.Path, config: dict) -> str | None:
   template = config.get('chat_template')
   if template is None and (path / 'chat_template.jinja').is_file():
-    template = (path / 'chat_template.jinja').read_text(encoding='utf-8')
+    try:
+      template = (path / 'chat_template.jinja').read_text(encoding='utf-8')
+    except UnicodeDecodeError as e:
+      raise ValueError(f'{path / "chat_template.jinja"}: not valid UTF-8 ({e})') from e
   if template is None:
     template = _read_json(path / 'chat_template.json').get('chat_template')
   if isinstance(template, list):  # Named templates: [{'name': ..., 'template': ...}].
@@ -385,7 +417,16 @@ def _hf_chat_template(path: pathlib.Path, config: dict) -> str | None:
 
 
 def _read_json(path: pathlib.Path) -> dict:
-  return json.loads(path.read_text(encoding='utf-8')) if path.is_file() else {}
+  """A JSON object file, {} if absent; ValueError naming the file if corrupt."""
+  if not path.is_file():
+    return {}
+  try:
+    obj = json.loads(path.read_text(encoding='utf-8'))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f'{path}: not valid JSON (corrupt or truncated?): {e}') from e
+  if not isinstance(obj, dict):
+    raise ValueError(f'{path}: expected a JSON object, got {type(obj).__name__}')
+  return obj
 
 
 def _write_json(path: pathlib.Path, obj: dict) -> None:

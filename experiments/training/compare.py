@@ -9,7 +9,9 @@ shared loop (`experiments/training/loop.py`). Layout of the workdir: sft/,
 <credit>_<sampler>/seed<k>/{metrics.jsonl, checkpoints/} (<credit>_<sampler>/lr<lr>/seed<k>/
 with `config.lr_grid`), curves_vs_{step,wall,generated_tokens}.png, summary.json.
 Rerunning with the same workdir resumes or skips finished runs. `--config.quick=True`
-shrinks everything to a smoke run (`configs.tempo.shrink`, applied after the other overrides).
+shrinks everything to a smoke run (`configs.tempo.shrink`, applied after the other overrides,
+keeping the fields set on the command line and printing which). A method or seed given twice
+is refused (`check_comparison`).
 
 Reported per method: final accuracy (matched steps = matched rollouts), accuracy at a
 matched generated-token budget, and paired differences over seeds against GRPO
@@ -131,9 +133,36 @@ def _over_seeds(results: dict, key: str) -> dict:
                   per_seed=a) for m, runs in results.items()}
 
 
-def run_experiment(cfg, workdir: str) -> dict:
+def check_comparison(cfg):
+  """Refuses a comparison that would count one run twice: a method repeated in
+  `config.methods` ('grpo' and 'grpo:iid' are the same), a seed repeated in `config.seeds`
+  (a "mean ± std over 2 seeds" and a paired test of one seed's copies), a repeated lr
+  (as lr<lr:g> directories); and an empty seed list."""
+  methods = [f'{c}:{s}' for c, s in loop.parse_methods(cfg.methods)]
+  twice = sorted({m for m in methods if methods.count(m) > 1})
+  if twice:
+    raise ValueError(f'config.methods {cfg.methods!r} repeats {", ".join(twice)}: each '
+                     'method would be run and reported twice; list every method once')
+  seeds = tuple(cfg.seeds)
+  if not seeds:
+    raise ValueError('config.seeds is empty: give at least one seed, e.g. --config.seeds="(0,)"')
+  twice = sorted({s for s in seeds if seeds.count(s) > 1})
+  if twice:
+    raise ValueError(f'config.seeds {seeds} repeats {", ".join(map(str, twice))}: a repeated '
+                     'seed is the same run counted twice (in mean ± std and in the paired '
+                     'tests); list every seed once')
+  grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
+  if len({f'{lr:g}' for lr in grid}) != len(grid):
+    raise ValueError(f'lr_grid {tuple(grid)} has repeated values (as lr<lr:g> directories)')
+
+
+def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
   """SFT once, then every method x seed (x lr in cfg.lr_grid); writes plots + summary.json;
   returns the summary.
+
+  `cfg.quick` shrinks cfg to a smoke run (`configs.<tempo|lm|agents>.shrink`) but keeps the
+  fields the user set: those differing from `defaults` (the config cfg was built from; None:
+  its family's get_config()) and those named in `explicit` (the command line's overrides).
 
   Besides final (matched-steps, i.e. matched-rollouts) accuracy, every method is read at
   a matched generated-token budget (`matched_budget`, `acc_at`), and compared with its
@@ -145,14 +174,13 @@ def run_experiment(cfg, workdir: str) -> dict:
   if cfg.quick:
     shrink = (lm_config if loop.is_text(cfg) else
               agents_config if loop.is_agent(cfg) else tempo_config).shrink
-    shrink(cfg)
+    shrink(cfg, defaults=defaults, explicit=explicit)
   loop.check_config(cfg)
+  check_comparison(cfg)
   methods = [f'{c}:{s}' for c, s in loop.parse_methods(cfg.methods)]
   baseline = cfg.get('baseline', 'grpo:iid')
   baseline = '{}:{}'.format(*loop.parse_methods(baseline)[0])  # validated, 'grpo' -> 'grpo:iid'
   grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
-  if len({f'{lr:g}' for lr in grid}) != len(grid):
-    raise ValueError(f'lr_grid {tuple(grid)} has repeated values (as lr<lr:g> directories)')
   run_cfg = _run_cfg(cfg)
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
@@ -319,7 +347,9 @@ def main(name: str):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     ts.maybe_initialize_distributed()
-    run_experiment(config.value, workdir.value)
+    flag = flags.FLAGS['config']  # quick keeps what this command line set
+    run_experiment(config.value, workdir.value, defaults=flag.parser.parse(flag.config_filename),
+                   explicit=tuple(config_flags.get_override_values(flag)))
 
   try:
     app.run(run)

@@ -24,11 +24,14 @@ is refused. `rl.steps`, eval, seeds/methods, quick and progress are not part of
 the fingerprint, so a run can be extended by raising `rl.steps`.
 """
 
+import contextlib
+import errno
 import functools
 import hashlib
 import json
 import os
 import time
+import warnings
 from typing import Optional
 
 import jax
@@ -48,6 +51,7 @@ from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
 from experiments.training import train_step as ts
+from experiments.training import watchdog
 from trees import packing as packing_lib
 
 SAMPLERS = default_config.SAMPLERS
@@ -76,7 +80,9 @@ SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
 def check_config(cfg, reference=None, prefix=''):
   """Raises ValueError for a field missing from the reference config, listing valid fields.
 
-  Also checks the task, sampler, credit estimator and loss settings by name.
+  Also checks the task (its options included: reasoning-gym's are validated here), sampler,
+  credit estimator and loss settings by name, and numeric / choice fields by
+  `config_rules.RULES` (e.g. optimizer.lr > 0, lm.max_new_tokens >= 1), before any work.
   """
   if reference is None:
     reference = reference_config(cfg)
@@ -89,6 +95,8 @@ def check_config(cfg, reference=None, prefix=''):
       check_config(cfg[key], reference[key], path + '.')
   if prefix:
     return
+  from experiments.training import config_rules  # the value rules (one table)
+  config_rules.check_values(cfg)
   if is_text(cfg):
     text_tasks.make_text_task(cfg.task.name, **dict(cfg.task.kwargs))
   elif is_agent(cfg):
@@ -415,10 +423,12 @@ def evaluate(params, pcfg, task, ecfg, pass_sampler=None) -> dict:
 
 
 def _manager(path):
+  # cleanup_tmp_directories: a save cut short (kill -9, full disk) leaves a
+  # `<step>.orbax-checkpoint-tmp-*` directory that orbax never lists; it is removed here.
   return ocp.CheckpointManager(
       os.path.abspath(path),
       options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False,
-                                           create=True))
+                                           create=True, cleanup_tmp_directories=True))
 
 
 def _state_tree(state: ts.TrainState):
@@ -427,32 +437,100 @@ def _state_tree(state: ts.TrainState):
 
 
 def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict):
+  """Saves `step` (orbax writes a temporary directory and renames it when complete, so a
+  save cut short leaves the previous checkpoints intact). A failed write (e.g. a full disk)
+  raises an error (OSError for an OS error, same errno; else RuntimeError) naming the
+  checkpoint and the newest intact one a rerun resumes from."""
   tree = ts.to_global(_state_tree(state))  # a multi-process job saves global arrays only
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
-                                          meta=ocp.args.JsonSave(meta)), force=True)
-  mngr.wait_until_finished()
+  try:
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                            meta=ocp.args.JsonSave(meta)), force=True)
+    mngr.wait_until_finished()
+  except Exception as e:  # noqa: BLE001 (re-raised with the checkpoint named)
+    path = os.path.join(str(mngr.directory), str(step))
+    # The partial write stays in orbax's temporary directory (never listed as a step); the
+    # rerun's manager removes it (`cleanup_tmp_directories`) before it writes anything.
+    try:
+      mngr.reload()
+      intact = [s for s in mngr.all_steps() if s != step]
+      resume = f'step {max(intact)}' if intact else 'the start (no earlier checkpoint)'
+    except Exception:  # noqa: BLE001 (the directory itself unreadable)
+      resume = 'its newest intact checkpoint'
+    full = getattr(e, 'errno', None) == errno.ENOSPC or 'No space left' in str(e)
+    message = (f'could not write checkpoint {path}: {type(e).__name__}: {e}'
+               f'{" (the disk is full)" if full else ""}; '
+               f'the run stopped at step {step}. Rerun the same command to resume from '
+               f'{resume} (metric rows after it are recomputed).')
+    if isinstance(e, OSError):
+      raise OSError(e.errno, message) from e
+    raise RuntimeError(message) from e
+
+
+def _set_aside(mngr, step: int) -> str:
+  """Renames the checkpoint directory of `step` to `<step>.corrupt` (`.corrupt.<n>` if taken),
+  which orbax does not list; nothing is deleted. Returns the new path."""
+  src = os.path.join(str(mngr.directory), str(step))
+  dst, n = src + '.corrupt', 1
+  while os.path.exists(dst):
+    dst, n = f'{src}.corrupt.{n}', n + 1
+  os.rename(src, dst)
+  return dst
 
 
 def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
-  """(state, meta) from the latest checkpoint, or (None, None); refuses another config's."""
-  step = mngr.latest_step()
-  if step is None:
-    return None, None
-  meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
-  if meta.get('fingerprint') != fp:
-    old = meta.get('config', {})
-    diff = sorted(k for k in set(old) | set(flat_cfg) if old.get(k) != flat_cfg.get(k))
-    details = ', '.join(f'{k}: {old.get(k)!r} -> {flat_cfg.get(k)!r}' for k in diff[:10])
-    raise ValueError(
-        f'incompatible checkpoint in {mngr.directory}: it was written with a different config '
-        f'(fingerprint {meta.get("fingerprint")} != {fp}; differences: {details}). '
-        'Use another --workdir or delete the checkpoints to start over.')
-  # Restored with the template's shardings (whatever mesh or process count wrote it).
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, ts.to_global(_state_tree(template)))
-  tree = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract)))['state']
-  state = template.replace(params=tree['params'], opt_state=tree['opt_state'],
-                           step=tree['step'], rng=tree['rng'])
+  """(state, meta) from the newest intact checkpoint, or (None, None) if there is none;
+  refuses another config's.
+
+  A checkpoint that cannot be read (truncated or garbled files, a missing item) is set aside
+  as `<step>.corrupt` with a warning naming it, and the one before it is tried: the run
+  resumes exactly from the newest intact step (metric rows after it are recomputed), or
+  starts over if none is intact (a run is a function of (config, step)).
+  """
+  bad = []
+  state = meta = None
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+      if not isinstance(meta, dict):
+        raise ValueError(f'its meta item is {type(meta).__name__}, not a JSON object')
+    except Exception as e:  # noqa: BLE001 (any unreadable checkpoint is set aside)
+      bad.append((step, e))
+      meta = None
+      continue
+    if meta.get('fingerprint') != fp:
+      old = meta.get('config', {})
+      diff = sorted(k for k in set(old) | set(flat_cfg) if old.get(k) != flat_cfg.get(k))
+      details = ', '.join(f'{k}: {old.get(k)!r} -> {flat_cfg.get(k)!r}' for k in diff[:10])
+      raise ValueError(
+          f'incompatible checkpoint in {mngr.directory}: it was written with a different config '
+          f'(fingerprint {meta.get("fingerprint")} != {fp}; differences: {details}). '
+          'Use another --workdir or delete the checkpoints to start over.')
+    # Restored with the template's shardings (whatever mesh or process count wrote it).
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
+                            ts.to_global(_state_tree(template)))
+    try:
+      tree = mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract)))['state']
+    except Exception as e:  # noqa: BLE001
+      bad.append((step, e))
+      meta = None
+      continue
+    state = template.replace(params=tree['params'], opt_state=tree['opt_state'],
+                             step=tree['step'], rng=tree['rng'])
+    break
+  if bad:
+    good = ('starting over (no intact checkpoint)' if state is None
+            else f'resuming from step {step}')
+    if jax.process_index() == 0:  # one process renames (and says so)
+      for s, e in bad:
+        where = os.path.join(str(mngr.directory), str(s))
+        aside = _set_aside(mngr, s)
+        warnings.warn(f'corrupt checkpoint {where} ({type(e).__name__}: {str(e)[:300]}); set '
+                      f'aside as {aside}, {good}', RuntimeWarning, stacklevel=2)
+    if jax.process_count() > 1:  # every process sees the renamed directory before going on
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices('treecredit_checkpoint_set_aside')
+    mngr.reload()
   return state, meta
 
 
@@ -461,30 +539,86 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
 
 
 class MetricsWriter:
-  """Appends JSON lines; on resume drops lines past the restored step."""
+  """Appends JSON lines, each with one write + flush + fsync (a crash can cut at most the
+  last line, which `read_metrics` then drops); on resume keeps the rows up to the restored
+  step, rewritten atomically (a temporary file, fsynced, then os.replace).
+
+  `rows`: the kept rows (read on every process; process 0 alone writes the file).
+  """
 
   def __init__(self, path, resume_step: Optional[int]):
-    self.path = path
+    self.path = str(path)
     self.enabled = jax.process_index() == 0  # one writer on multi-host jobs
+    self.rows = []
+    if resume_step is not None and os.path.exists(self.path):
+      self.rows = [r for r in read_metrics(self.path, warn=self.enabled)
+                   if r['step'] <= resume_step]
+      missing = sorted(set(range(resume_step + 1)) - {r['step'] for r in self.rows})
+      if missing and self.enabled and resume_step > 0:  # cannot be recomputed: say so
+        warnings.warn(f'{self.path}: no rows for steps {missing[:20]} (lost before the '
+                      f'checkpoint of step {resume_step} was written); resuming without them',
+                      RuntimeWarning, stacklevel=2)
     if not self.enabled:
       return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if resume_step is None:
-      open(path, 'w').close()
-    elif os.path.exists(path):
-      keep = [l for l in open(path) if l.strip() and json.loads(l)['step'] <= resume_step]
-      with open(path, 'w') as f:
-        f.writelines(keep)
+    os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)
+    _write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in self.rows).encode())
 
   def write(self, row: dict):
     if not self.enabled:
       return
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(row) + '\n')
+    line = (json.dumps(row) + '\n').encode()
+    with open(self.path, 'ab', buffering=0) as f:  # O_APPEND: each write lands at the end
+      view = memoryview(line)
+      while view:  # one write for a regular file; looped in case it is ever short
+        view = view[f.write(view):]
+      os.fsync(f.fileno())
 
 
-def read_metrics(path) -> list[dict]:
-  return [json.loads(l) for l in open(path) if l.strip()]
+def _write_atomic(path: str, data: bytes):
+  """Replaces `path` by `data` so a crash leaves the old file or the new one, never a mix."""
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  try:  # the rename itself durable
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+  except OSError:  # some filesystems cannot fsync a directory
+    pass
+
+
+def read_metrics(path, warn: bool = True) -> list[dict]:
+  """The rows of a metrics.jsonl (one JSON object with 'step' per line; blank lines skipped).
+
+  A torn final line (a write cut short by a crash or power loss) is dropped, with a warning
+  naming the file (`warn`); an unreadable line anywhere else is a ValueError naming the file
+  and the line number.
+  """
+  with open(path, 'rb') as f:
+    lines = f.read().split(b'\n')
+  numbered = [(i + 1, l) for i, l in enumerate(lines) if l.strip()]
+  rows = []
+  for k, (lineno, raw) in enumerate(numbered):
+    try:
+      row = json.loads(raw.decode('utf-8'))
+      if not isinstance(row, dict) or 'step' not in row:
+        raise ValueError("not a JSON object with a 'step'")
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+      if k == len(numbered) - 1:
+        if warn:
+          warnings.warn(f'{path}: dropped torn final line {lineno} ({len(raw)} bytes, '
+                        f'{raw[:60]!r}...): a write cut short (e.g. by a crash)',
+                        RuntimeWarning, stacklevel=2)
+        break
+      raise ValueError(f'{path}: line {lineno} is not a metrics row ({e}): '
+                       f'{raw[:80]!r}; only a torn final line is dropped') from None
+    rows.append(row)
+  return rows
 
 
 # ----------------------------------------------------------------------------
@@ -573,15 +707,16 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   state = ts.shard_state(ts.init_state(jax.tree.map(jnp.copy, init_params), tx, seed=run_seed),
                          mesh)  # so a checkpoint restores straight onto the mesh
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
+  watchdog.register_checkpoints(os.path.join(workdir, 'checkpoints'))  # named if a peer dies
   restored, meta = restore_checkpoint(mngr, state, fp, flat)
   start, wall0 = 0, 0.0
   if restored is not None:
     state, start, wall0 = restored, meta['rl_step'], meta['wall_s']
   state = ts.shard_state(state, mesh)
-  ref_params = init_params
-  writer = MetricsWriter(os.path.join(workdir, 'metrics.jsonl'), start if restored else None)
-  old_rows = (read_metrics(writer.path) if restored is not None and os.path.exists(writer.path)
-              else [])
+  ref_params = jax.device_put(init_params, ts.param_sharding(init_params, mesh))  # as policy
+  writer = MetricsWriter(os.path.join(workdir, 'metrics.jsonl'),
+                         start if restored is not None else None)
+  old_rows = writer.rows  # the rows up to the restored step (a torn final line dropped)
   gen_total = max([r.get('generated_tokens_total', 0.0) for r in old_rows] + [0.0])
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   scfg, b = cfg.sampler, cfg.rl.prompts_per_step
@@ -631,9 +766,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         prompts, plen = ts.host_batch_to_global((prompts, plen), mesh)
       if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
         samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw)
-      else:
-        samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1), prompts,
-                         prompt_ids=draw.prompt_ids, prompt_len=plen)
+      else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
+        with jax.set_mesh(mesh) if n_dev > 1 else contextlib.nullcontext():
+          samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
+                           prompts, prompt_ids=draw.prompt_ids, prompt_len=plen)
       rewards, reward_metrics = problem.rewards(draw, samples)
       rewards.block_until_ready()
       t1 = time.perf_counter()
@@ -657,6 +793,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       process = problem.process_rewards(draw, samples) if need_process else (None, None)
       turns = (problem.turns(state.params, draw, samples, credit.needs(cfg.credit.name))
                if hasattr(problem, 'turns') else None)
+      if turns is not None:  # values are checked on the host: `est` is jitted (tracers)
+        credit.validate_turns(turns, samples)
       adv, loss_mask = est(samples.tokens, samples.mask, train_rewards, samples.parent,
                            samples.fork, old_lp, ref_lp, *process,
                            policy_mask=getattr(samples, 'policy_mask', None), turns=turns)

@@ -41,7 +41,7 @@ subtracts kl_coef * sum_t k1(old, ref) from each response's reward before credit
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -131,8 +131,9 @@ def make_optimizer(lr: float, warmup_steps: int = 0, weight_decay: float = 0.0,
                    eps: float = 1e-8, lora_only: bool = False) -> optax.GradientTransformation:
   """AdamW after global-norm clipping, lr linearly warmed up from 0 over `warmup_steps`, then constant.
 
-  lora_only: update only LoRA adapter leaves (`decoder.is_lora`); the others stay
-  frozen and carry no optimizer state.
+  lora_only: an `AdapterOptimizer`: only the LoRA adapter leaves (`decoder.is_lora`)
+  are differentiated, clipped (global norm over the adapters) and updated; the others
+  stay frozen, get no gradient computation and carry no optimizer state.
   """
   if warmup_steps > 0:
     schedule = optax.linear_schedule(0.0, lr, warmup_steps)
@@ -142,10 +143,67 @@ def make_optimizer(lr: float, warmup_steps: int = 0, weight_decay: float = 0.0,
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
   tx = optax.chain(*parts)
   if lora_only:
-    labels = lambda params: jax.tree_util.tree_map_with_path(
-        lambda path, _: 'train' if decoder.is_lora(path) else 'freeze', params)
-    tx = optax.multi_transform({'train': tx, 'freeze': optax.set_to_zero()}, labels)
+    tx = _adapters_only(tx)
   return tx
+
+
+class AdapterOptimizer(optax.GradientTransformation):
+  """An optax transformation over the LoRA adapter leaves of a params tree only.
+
+  `init(params)` and `update(grads, state, params)` accept the full params or the
+  adapter subtree (`split_adapters`, idempotent) and return updates of the adapter
+  subtree, so the optimizer state holds moments of the adapters only. A `TrainState`
+  with one makes `train_step` / `sft_step` differentiate w.r.t. the adapters alone:
+  the frozen base weights enter the loss as constants, so the backward pass computes
+  activation gradients through them but no weight gradients (no dW matmuls, no
+  embedding scatter-add, no Adam update over the base), unlike masking the updates
+  of a full gradient.
+  """
+  __slots__ = ()
+
+
+def _adapters_only(inner: optax.GradientTransformation) -> AdapterOptimizer:
+  def init(params):
+    adapters = split_adapters(params)
+    if not adapters:
+      raise ValueError('make_optimizer(lora_only=True): the params have no LoRA adapter '
+                       'leaves (is cfg.lora_rank 0? see decoder.add_lora)')
+    return inner.init(adapters)
+
+  def update(grads, state, params=None):
+    return inner.update(split_adapters(grads), state,
+                        None if params is None else split_adapters(params))
+  return AdapterOptimizer(init, update)
+
+
+def split_adapters(params) -> dict:
+  """The LoRA adapter leaves (`decoder.is_lora`) of a nested-dict params tree, as nested
+  dicts of the same keys ({} if none). `with_adapters` puts them back."""
+  def go(tree, path):
+    if isinstance(tree, Mapping):
+      out = {}
+      for k, v in tree.items():
+        sub = go(v, path + (jax.tree_util.DictKey(k),))
+        if sub is not None:
+          out[k] = sub
+      return out or None
+    return tree if decoder.is_lora(path) else None
+  return go(params, ()) or {}
+
+
+def with_adapters(params, adapters):
+  """`params` (same structure and type) with its adapter leaves taken from `adapters`
+  (a `split_adapters` subtree); the other leaves are those of `params`."""
+  new = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(adapters)}
+  out = jax.tree_util.tree_map_with_path(
+      lambda p, x: new.pop(jax.tree_util.keystr(p), x) if decoder.is_lora(p) else x, params)
+  if new:
+    raise ValueError(f'adapters not in params: {sorted(new)[:5]}')
+  return out
+
+
+def _adapters_only_state(state) -> bool:
+  return isinstance(state.tx, AdapterOptimizer)
 
 
 def init_state(params, tx: optax.GradientTransformation, seed: int = 0) -> TrainState:
@@ -244,7 +302,24 @@ def _accumulate_grads(loss_fn, params, mb, num_micro: int):
   return loss, aux, grads
 
 
+def _value_and_grads(loss_fn, state: TrainState, mb, num_micro: int):
+  """`_accumulate_grads` w.r.t. all params, or w.r.t. the adapter subtree only when
+  `state.tx` is an `AdapterOptimizer` (the frozen leaves are constants of the loss)."""
+  if not _adapters_only_state(state):
+    return _accumulate_grads(loss_fn, state.params, mb, num_micro)
+  frozen = jax.lax.stop_gradient(state.params)
+  return _accumulate_grads(lambda a, m: loss_fn(with_adapters(frozen, a), m),
+                           split_adapters(state.params), mb, num_micro)
+
+
 def _apply(state: TrainState, grads):
+  """One optimizer update; `grads` of all params, or of the adapter subtree only
+  (`AdapterOptimizer`)."""
+  if _adapters_only_state(state):
+    adapters = split_adapters(state.params)
+    updates, opt_state = state.tx.update(grads, state.opt_state, adapters)
+    params = with_adapters(state.params, optax.apply_updates(adapters, updates))
+    return state.replace(params=params, opt_state=opt_state, step=state.step + 1)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   return state.replace(params=params, opt_state=opt_state, step=state.step + 1)
@@ -259,7 +334,8 @@ def train_step(state: TrainState, batch: Batch, *, cfg: decoder.PolicyConfig,
   optimizer step per minibatch (its gradient accumulated over
   num_microbatches). With `batch.packing` the units shuffled and split are the
   B groups (B must divide). Returns (new state, metrics averaged over the updates):
-  loss, pg_loss, clip_frac, approx_kl, entropy, kl_ref, grad_norm (before clipping).
+  loss, pg_loss, clip_frac, approx_kl, entropy, kl_ref, grad_norm (before clipping;
+  of the adapters only with an `AdapterOptimizer`).
   """
   n = batch.tokens.shape[0]
   nmb, nmicro = loss_cfg.num_minibatches, loss_cfg.num_microbatches
@@ -288,7 +364,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: decoder.PolicyConfig,
       m, w_, wm_ = micro
       return policy_loss(params, cfg, loss_cfg, m, (w_, wm_))
 
-    loss, aux, grads = _accumulate_grads(loss_fn, state.params, (mb, w, wm), nmicro)
+    loss, aux, grads = _value_and_grads(loss_fn, state, (mb, w, wm), nmicro)
     metrics = dict(loss=loss, grad_norm=optax.tree.norm(grads), **aux)
     return _apply(state, grads), metrics
 
@@ -303,8 +379,17 @@ def sft_loss(params, cfg, prompts, responses, mask, prompt_len=None):
 
 
 def sft_step(state: TrainState, prompts, responses, mask, *, cfg: decoder.PolicyConfig):
-  """One cross-entropy step on demonstrations (mean NLL over masked response tokens)."""
-  loss, grads = jax.value_and_grad(sft_loss)(state.params, cfg, prompts, responses, mask)
+  """One cross-entropy step on demonstrations (mean NLL over masked response tokens).
+
+  With an `AdapterOptimizer` only the LoRA adapters are differentiated and updated.
+  """
+  if _adapters_only_state(state):
+    frozen = jax.lax.stop_gradient(state.params)
+    loss, grads = jax.value_and_grad(
+        lambda a: sft_loss(with_adapters(frozen, a), cfg, prompts, responses, mask))(
+            split_adapters(state.params))
+  else:
+    loss, grads = jax.value_and_grad(sft_loss)(state.params, cfg, prompts, responses, mask)
   return _apply(state, grads), dict(loss=loss, grad_norm=optax.tree.norm(grads))
 
 
@@ -343,17 +428,23 @@ def maybe_initialize_distributed() -> bool:
   are passed here) or TREECREDIT_DISTRIBUTED=1 (TPU pods, SLURM, ...: JAX
   auto-detects everything). CPU processes talk through gloo collectives. Call it
   before anything touches a device; calling it again is a no-op.
+
+  Then starts `watchdog.install()`: when a peer process dies (or hangs, or fails), the
+  others exit within TREECREDIT_PEER_TIMEOUT seconds (default 20; 0 = off) with one
+  line naming it and the checkpoint to resume from, not JAX's 100 s heartbeat abort.
   """
   import os
+  from experiments.training import watchdog
   env = os.environ
   if not (env.get('JAX_COORDINATOR_ADDRESS') or env.get('TREECREDIT_DISTRIBUTED') == '1'):
     return False
-  if jax.distributed.is_initialized():
-    return True
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  as_int = lambda name: int(env[name]) if env.get(name) else None
-  jax.distributed.initialize(num_processes=as_int('JAX_NUM_PROCESSES'),
-                             process_id=as_int('JAX_PROCESS_ID'))
+  timeout = watchdog.timeout_from_env(env)  # a bad value fails before connecting
+  if not jax.distributed.is_initialized():
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    as_int = lambda name: int(env[name]) if env.get(name) else None
+    jax.distributed.initialize(num_processes=as_int('JAX_NUM_PROCESSES'),
+                               process_id=as_int('JAX_PROCESS_ID'))
+  watchdog.install(timeout)
   return True
 
 
