@@ -4,7 +4,10 @@ One module for the toy policy trained from scratch on the JAX tasks and for
 pretrained checkpoints (SmolLM2, Llama, Qwen2; see `gguf_loader` / `hf_loader`):
 token embedding -> `num_layers` x [pre-RMSNorm causal self-attention with RoPE and
 grouped-query heads, pre-RMSNorm SwiGLU MLP] -> final RMSNorm -> output head
-(untied, or tied to the embedding). Optional q/k/v biases (Qwen2).
+(untied, or tied to the embedding). Optional q/k/v biases (Qwen2), o_proj bias
+(Llama `attention_bias`), MLP biases (Llama `mlp_bias`), per-head q/k RMSNorm before
+RoPE (Qwen3), an explicit head_dim (Qwen3) and scaled RoPE frequencies
+(`linear`, `llama3`).
 The toy default with a 14-token vocab has 393,344 parameters.
 
 Conventions
@@ -31,6 +34,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from trees import packing as packing_lib
@@ -54,10 +58,28 @@ class PolicyConfig:
   remat: bool = False  # Recompute each block in the backward pass (saves memory).
   lora_rank: int = 0  # > 0: LoRA adapters (qwix) on every block projection.
   lora_alpha: float = 16.0
+  # Pretrained-architecture options; the defaults are the toy policy / SmolLM2.
+  attn_head_dim: Optional[int] = None  # Explicit head_dim (Qwen3); None = d_model / heads.
+  o_bias: bool = False  # Bias on the attention output projection (Llama attention_bias).
+  mlp_bias: bool = False  # Biases on gate, up and down (Llama mlp_bias).
+  qk_norm: bool = False  # RMSNorm over head_dim of q and k before RoPE (Qwen3).
+  # RoPE frequency scaling (transformers' rope_type): 'default', 'linear' (all
+  # frequencies / rope_factor) or 'llama3' (wavelength-dependent, Llama 3.1).
+  rope_type: str = 'default'
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0  # llama3 only.
+  rope_high_freq_factor: float = 4.0  # llama3 only.
+  rope_original_max_len: int = 8192  # llama3 only: original_max_position_embeddings.
 
   def __post_init__(self):
-    if self.d_model % self.num_heads:
+    if self.attn_head_dim is None and self.d_model % self.num_heads:
       raise ValueError(f'd_model={self.d_model} not divisible by num_heads={self.num_heads}')
+    if self.attn_head_dim is not None and self.attn_head_dim <= 0:
+      raise ValueError(f'attn_head_dim must be positive, got {self.attn_head_dim}')
+    if self.rope_type not in ROPE_TYPES:
+      raise ValueError(f'rope_type {self.rope_type!r} not supported; supported: {ROPE_TYPES}')
+    if self.rope_type != 'default' and not self.rope_factor > 0:
+      raise ValueError(f'rope_factor must be > 0, got {self.rope_factor}')
     if self.head_dim % 2:
       raise ValueError(f'RoPE needs an even head_dim, got {self.head_dim}')
     if self.num_heads % self.kv_heads:
@@ -66,7 +88,7 @@ class PolicyConfig:
 
   @property
   def head_dim(self) -> int:
-    return self.d_model // self.num_heads
+    return self.d_model // self.num_heads if self.attn_head_dim is None else self.attn_head_dim
 
   @property
   def kv_heads(self) -> int:
@@ -86,10 +108,48 @@ def init_cache(cfg: PolicyConfig, batch_size: int) -> KVCache:
   return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype))
 
 
-def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
-  """Rotary embedding (rotate-half form): x [B, T, H, Dh], positions [B, T]."""
+ROPE_TYPES = ('default', 'linear', 'llama3')
+
+
+def rope_inv_freq(cfg: 'PolicyConfig') -> np.ndarray:
+  """Scaled RoPE inverse frequencies [Dh / 2] (float32) for cfg.rope_type != 'default'.
+
+  As transformers' `modeling_rope_utils`: inv_freq_i = 1 / base^(2i / Dh) in float32;
+  'linear' divides all by `rope_factor`; 'llama3' (Llama 3.1 paper, sec. 3.4 code)
+  divides wavelengths longer than original_max_len / low_freq_factor by the factor,
+  keeps those shorter than original_max_len / high_freq_factor and interpolates
+  smoothly in between.
+  """
+  dim = cfg.head_dim
+  inv = (np.float32(1.0) / (np.float32(cfg.rope_base) **
+                            (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32)
+                             / np.float32(dim)))).astype(np.float32)
+  factor = np.float32(cfg.rope_factor)
+  if cfg.rope_type == 'linear':
+    return (inv / factor).astype(np.float32)
+  if cfg.rope_type != 'llama3':
+    raise ValueError(f'rope_inv_freq: rope_type {cfg.rope_type!r}')
+  low, high = np.float32(cfg.rope_low_freq_factor), np.float32(cfg.rope_high_freq_factor)
+  old = np.float32(cfg.rope_original_max_len)
+  low_wavelen, high_wavelen = old / low, old / high
+  wavelen = (np.float32(2 * np.pi) / inv).astype(np.float32)
+  scaled = np.where(wavelen > low_wavelen, inv / factor, inv).astype(np.float32)
+  smooth = (old / wavelen - low) / (high - low)
+  smoothed = (np.float32(1.0) - smooth) * scaled / factor + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope(x: jax.Array, positions: jax.Array, base: float, inv_freq=None) -> jax.Array:
+  """Rotary embedding (rotate-half form): x [B, T, H, Dh], positions [B, T].
+
+  `inv_freq` [Dh / 2] overrides the frequencies base^(-2i / Dh) (scaled RoPE).
+  """
   half = x.shape[-1] // 2
-  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if inv_freq is None:
+    freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  else:
+    freq = jnp.asarray(inv_freq, jnp.float32)
   ang = positions.astype(jnp.float32)[..., None] * freq  # [B, T, Dh/2]
   sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -170,11 +230,16 @@ class Block(nn.Module):
         feats, axis=axis, use_bias=bias, dtype=cfg.dtype, name=name)
     kh = cfg.kv_heads
 
+    inv_freq = None if cfg.rope_type == 'default' else rope_inv_freq(cfg)
+
     h = RMSNorm(cfg.rms_eps, name='attn_norm')(x)
-    q = rope(dense((cfg.num_heads, cfg.head_dim), 'q', bias=cfg.attn_bias)(h),
-             positions, cfg.rope_base)  # [B, T, H, Dh]
-    k = rope(dense((kh, cfg.head_dim), 'k', bias=cfg.attn_bias)(h),
-             positions, cfg.rope_base)  # [B, T, K, Dh]
+    q = dense((cfg.num_heads, cfg.head_dim), 'q', bias=cfg.attn_bias)(h)  # [B, T, H, Dh]
+    k = dense((kh, cfg.head_dim), 'k', bias=cfg.attn_bias)(h)  # [B, T, K, Dh]
+    if cfg.qk_norm:  # Qwen3: per-head RMSNorm over Dh, before RoPE.
+      q = RMSNorm(cfg.rms_eps, name='q_norm')(q)
+      k = RMSNorm(cfg.rms_eps, name='k_norm')(k)
+    q = rope(q, positions, cfg.rope_base, inv_freq)
+    k = rope(k, positions, cfg.rope_base, inv_freq)
     v = dense((kh, cfg.head_dim), 'v', bias=cfg.attn_bias)(h)
     if pack is not None:
       attn = packed_attention(q, k, v, pack, cfg)
@@ -189,11 +254,12 @@ class Block(nn.Module):
         keys, values = cache.k[layer], cache.v[layer]
         key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
       attn = attention(q, keys, values, key_pos[:, None, :] <= positions[:, :, None], cfg)
-    x = x + dense(cfg.d_model, 'o', axis=(-2, -1))(attn)
+    x = x + dense(cfg.d_model, 'o', axis=(-2, -1), bias=cfg.o_bias)(attn)
 
     h = RMSNorm(cfg.rms_eps, name='mlp_norm')(x)
-    gate, up = dense(cfg.d_ff, 'gate')(h), dense(cfg.d_ff, 'up')(h)
-    x = x + dense(cfg.d_model, 'down')(nn.silu(gate) * up)
+    mb = cfg.mlp_bias
+    gate, up = dense(cfg.d_ff, 'gate', bias=mb)(h), dense(cfg.d_ff, 'up', bias=mb)(h)
+    x = x + dense(cfg.d_model, 'down', bias=mb)(nn.silu(gate) * up)
     return (x, cache, layer + 1), None
 
 
@@ -271,6 +337,37 @@ def add_lora(key: jax.Array, params, cfg: PolicyConfig):
       raise ValueError(f'params lack {k} of shape {x.shape}')
     return jnp.asarray(flat[k])
   return jax.tree_util.tree_map_with_path(pick, new)
+
+
+def merge_lora(params, cfg: PolicyConfig):
+  """(params without adapters, cfg with lora_rank 0): W + (alpha / rank) A B folded in.
+
+  For a kernel W [L, *in, *out] with adapters A [L, prod(in), r], B [L, r, prod(out)]
+  (qwix's layout, stacked over layers), the merged kernel computes the same forward.
+  """
+  base_cfg = dataclasses.replace(cfg, lora_rank=0)
+  if not cfg.lora_rank:
+    return params, base_cfg
+  scale = cfg.lora_alpha / cfg.lora_rank
+
+  def merge(node):
+    if not isinstance(node, dict):
+      return node
+    out = {k: merge(v) for k, v in node.items() if 'lora' not in k}
+    if 'kernel_lora_a' in node:
+      w = jnp.asarray(node['kernel'], jnp.float32)
+      a = jnp.asarray(node['kernel_lora_a'], jnp.float32)
+      b = jnp.asarray(node['kernel_lora_b'], jnp.float32)
+      delta = jnp.einsum('lir,lro->lio', a, b, precision=jax.lax.Precision.HIGHEST)
+      out['kernel'] = w + scale * delta.reshape(w.shape)
+    return out
+
+  merged = merge(jax.tree.map(lambda x: x, params))
+  leftover = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(merged)
+              if is_lora(p)]
+  if leftover:
+    raise ValueError(f'merge_lora: adapters not merged: {leftover}')
+  return merged, base_cfg
 
 
 def num_params(params) -> int:

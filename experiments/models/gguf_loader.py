@@ -86,12 +86,42 @@ def hf_tensors(reader: gguf.GGUFReader, cfg: decoder.PolicyConfig, arch: str) ->
   return out
 
 
+def context_limits(meta: dict, where: str = 'GGUF file') -> list[tuple[int, str]]:
+  """(largest allowed max_len, reason) from the file's `<arch>.context_length`, if any."""
+  arch = meta.get('general.architecture')
+  ctx = meta.get(f'{arch}.context_length')
+  return [] if ctx is None else [(int(ctx), f'{arch}.context_length={int(ctx)} in {where}')]
+
+
+def read(path: str | os.PathLike) -> gguf.GGUFReader:
+  """Opens a GGUF file; a truncated or corrupt one -> ValueError naming it."""
+  try:
+    return gguf.GGUFReader(path)
+  except FileNotFoundError:
+    raise
+  except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+    # gguf reports a short file as e.g. a numpy reshape error from deep inside.
+    raise ValueError(f'{os.fspath(path)}: not a readable GGUF file (truncated or corrupt?): '
+                     f'{type(e).__name__}: {e}') from e
+
+
 def load_gguf(path: str | os.PathLike, *, max_len: int, dtype=jnp.float32, remat: bool = False):
-  """GGUF file -> (params, cfg, reader). Params are float32 numpy arrays."""
-  reader = gguf.GGUFReader(path)
+  """GGUF file -> (params, cfg, reader). Params are float32 numpy arrays.
+
+  Refuses max_len above the file's context length (`context_limits`).
+  """
+  reader = read(path)
   meta = metadata(reader)
   has_output = any(t.name == 'output.weight' for t in reader.tensors)
   cfg = config_from_metadata(meta, max_len=max_len, dtype=dtype, has_output=has_output,
                              remat=remat)
-  tensors = hf_tensors(reader, cfg, meta['general.architecture'])
-  return hf_layout.to_params(tensors, cfg), cfg, reader
+  limits = context_limits(meta, os.fspath(path))
+  for limit, reason in limits:
+    if max_len > limit:
+      raise ValueError(f'max_len={max_len} exceeds the checkpoint\'s context: {reason}')
+  try:
+    tensors = hf_tensors(reader, cfg, meta['general.architecture'])
+  except (ValueError, IndexError, TypeError) as e:
+    raise ValueError(f'{os.fspath(path)}: cannot read its tensors (truncated or corrupt?): '
+                     f'{type(e).__name__}: {e}') from e
+  return hf_layout.to_params(tensors, cfg, source=os.fspath(path)), cfg, reader

@@ -5,11 +5,16 @@ Both loaders reduce a checkpoint to `tensors`, a dict of HF-named arrays in HF
   model.embed_tokens.weight [V, D], lm_head.weight [V, D] (absent when tied),
   model.norm.weight [D], and per layer i under model.layers.{i}.:
   input_layernorm.weight, post_attention_layernorm.weight [D],
-  self_attn.{q,k,v,o}_proj.weight, self_attn.{q,k,v}_proj.bias (Qwen2),
-  mlp.{gate,up,down}_proj.weight.
-`to_params` stacks them into the `decoder` param tree (layers on axis 0);
-`from_params` is its inverse (used to write HF directories).
+  self_attn.{q,k,v,o}_proj.weight, self_attn.{q,k,v}_proj.bias (Qwen2, Llama
+  attention_bias), self_attn.o_proj.bias (Llama attention_bias),
+  self_attn.{q,k}_norm.weight [Dh] (Qwen3), mlp.{gate,up,down}_proj.weight
+  and mlp.{gate,up,down}_proj.bias (Llama mlp_bias).
+`to_params` stacks them into the `decoder` param tree (layers on axis 0) and
+refuses tensors it did not read (strict accounting); `from_params` is its
+inverse (used to write HF directories).
 """
+
+import re
 
 import jax
 import numpy as np
@@ -25,11 +30,32 @@ def _check(name, x, shape):
   return x
 
 
-def to_params(tensors: dict, cfg: decoder.PolicyConfig):
-  """HF-layout tensors -> decoder params (float32 numpy arrays)."""
+# Tensors that may sit in a checkpoint without being weights (recomputed from the config).
+NON_WEIGHTS = (r'model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq', r'model\.rotary_emb\.inv_freq')
+
+
+def unread(tensors, cfg: decoder.PolicyConfig) -> list[str]:
+  """Names in `tensors` that `to_params` does not consume (and are not known non-weights)."""
+  used = set(_names(cfg))
+  if cfg.tie_embeddings:
+    used.add('lm_head.weight')  # Some tied checkpoints store the copy anyway; dropped.
+  return sorted(n for n in tensors if n not in used
+                and not any(re.fullmatch(p, n) for p in NON_WEIGHTS))
+
+
+def to_params(tensors: dict, cfg: decoder.PolicyConfig, *, source: str = 'checkpoint'):
+  """HF-layout tensors -> decoder params (float32 numpy arrays).
+
+  Every tensor must be consumed: names the config does not account for (e.g. an
+  o_proj bias under a config without attention_bias) raise a ValueError listing them.
+  """
   missing = [n for n in _names(cfg) if n not in tensors]
   if missing:
-    raise ValueError(f'checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}')
+    raise ValueError(f'{source} lacks {len(missing)} tensors, e.g. {missing[:3]}')
+  extra = unread(tensors, cfg)
+  if extra:
+    raise ValueError(f'{source} has {len(extra)} tensors the config does not use (so the model '
+                     f'would compute something else): {extra[:8]}')
   d, h, k, dh, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.d_ff
   get = lambda n, shape: _check(n, np.asarray(tensors[n], np.float32), shape)
 
@@ -51,6 +77,14 @@ def to_params(tensors: dict, cfg: decoder.PolicyConfig):
     for name, heads in (('q', h), ('k', k), ('v', k)):
       blocks[name]['bias'] = stack(f'self_attn.{name}_proj.bias', (heads * dh,),
                                    lambda b: b.reshape(heads, dh))
+  if cfg.o_bias:
+    blocks['o']['bias'] = stack('self_attn.o_proj.bias', (d,), lambda b: b)
+  if cfg.mlp_bias:
+    for name, n in (('gate', f), ('up', f), ('down', d)):
+      blocks[name]['bias'] = stack(f'mlp.{name}_proj.bias', (n,), lambda b: b)
+  if cfg.qk_norm:
+    for name in ('q', 'k'):
+      blocks[f'{name}_norm'] = {'scale': stack(f'self_attn.{name}_norm.weight', (dh,), lambda w: w)}
   params = {
       'embed': {'embedding': get('model.embed_tokens.weight', (cfg.vocab_size, d))},
       'blocks': blocks,
@@ -79,8 +113,15 @@ def from_params(params, cfg: decoder.PolicyConfig) -> dict:
       if cfg.attn_bias:
         out[pre + f'self_attn.{name}_proj.bias'] = b[name]['bias'][i].reshape(-1)
     out[pre + 'self_attn.o_proj.weight'] = b['o']['kernel'][i].reshape(-1, d).T
+    if cfg.o_bias:
+      out[pre + 'self_attn.o_proj.bias'] = b['o']['bias'][i]
+    if cfg.qk_norm:
+      for name in ('q', 'k'):
+        out[pre + f'self_attn.{name}_norm.weight'] = b[f'{name}_norm']['scale'][i]
     for name in ('gate', 'up', 'down'):
       out[pre + f'mlp.{name}_proj.weight'] = b[name]['kernel'][i].T
+      if cfg.mlp_bias:
+        out[pre + f'mlp.{name}_proj.bias'] = b[name]['bias'][i]
   return {n: np.ascontiguousarray(x, np.float32) for n, x in out.items()}
 
 
@@ -94,4 +135,10 @@ def _names(cfg):
                'mlp.down_proj.weight']
   if cfg.attn_bias:
     per_layer += ['self_attn.q_proj.bias', 'self_attn.k_proj.bias', 'self_attn.v_proj.bias']
+  if cfg.o_bias:
+    per_layer.append('self_attn.o_proj.bias')
+  if cfg.mlp_bias:
+    per_layer += ['mlp.gate_proj.bias', 'mlp.up_proj.bias', 'mlp.down_proj.bias']
+  if cfg.qk_norm:
+    per_layer += ['self_attn.q_norm.weight', 'self_attn.k_norm.weight']
   return names + [_LAYER.format(i) + n for i in range(cfg.num_layers) for n in per_layer]

@@ -7,6 +7,7 @@
 
 import dataclasses
 import functools
+import numbers
 import os
 import pathlib
 from typing import Any
@@ -43,25 +44,40 @@ def resolve(source: str) -> pathlib.Path:
 
 def load(source: str = 'smollm2', *, max_len: int, dtype: str = 'float32',
          remat: bool = False) -> Pretrained:
-  """Loads params (as device arrays), config and tokenizer. `max_len` = KV cache slots."""
+  """Loads params (as device arrays), config and tokenizer. `max_len` = KV cache slots.
+
+  max_len above the checkpoint's context is refused (ValueError naming the limit):
+  a GGUF file's context_length, config.json's max_position_embeddings, or the
+  window of sliding-window layers (not implemented, exact only within the window).
+  """
   if dtype not in DTYPES:
     raise ValueError(f'dtype must be one of {", ".join(DTYPES)}, got {dtype!r}')
-  params, cfg, tok = _load(str(resolve(source)))
+  if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len <= 0:
+    raise ValueError(f'max_len must be a positive integer, got {max_len!r}')
+  max_len = int(max_len)
+  params, cfg, tok, limits = _load(str(resolve(source)))
+  hf_loader.check_max_len(limits, max_len)
   cfg = dataclasses.replace(cfg, max_len=max_len, dtype=DTYPES[dtype], remat=remat)
   return Pretrained(params, cfg, tok, source)
 
 
 @functools.lru_cache(maxsize=2)
 def _load(path: str):
-  """(float32 device params, cfg, tokenizer), cached per process (loading dequantises).
+  """(float32 device params, cfg, tokenizer, context limits), cached per process.
+
+  Loading dequantises, so it runs once per file; the limits ((max_len bound,
+  reason) pairs: GGUF context_length, max_position_embeddings, sliding window) are
+  kept so that `load` can check each caller's max_len.
 
   Sharing the arrays between callers is safe: JAX arrays are immutable, and the
   update step copies its initial params before donating them.
   """
   if path.endswith('.gguf'):
-    params, cfg, _ = gguf_loader.load_gguf(path, max_len=1)
-    tok = Tokenizer.from_gguf(path)
+    params, cfg, reader = gguf_loader.load_gguf(path, max_len=1)
+    tok = Tokenizer.from_gguf(reader)
+    limits = gguf_loader.context_limits(gguf_loader.metadata(reader), path)
   else:
-    params, cfg, _ = hf_loader.load_hf_dir(path, max_len=1)
+    params, cfg, hf = hf_loader.load_hf_dir(path, max_len=1)
     tok = Tokenizer.from_hf_dir(path)
-  return jax.tree.map(jnp.asarray, params), cfg, tok
+    limits = hf_loader.context_limits(hf, str(pathlib.Path(path) / 'config.json'))
+  return jax.tree.map(jnp.asarray, params), cfg, tok, limits
