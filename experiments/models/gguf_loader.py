@@ -14,7 +14,7 @@ import gguf
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.models import decoder, hf_layout
+from experiments.models import decoder, hf_layout, hf_loader
 
 # llama.cpp tensor names -> Hugging Face names (per layer under 'blk.{i}.').
 _GLOBAL = {'token_embd.weight': 'model.embed_tokens.weight',
@@ -115,10 +115,7 @@ def load_gguf(path: str | os.PathLike, *, max_len: int, dtype=jnp.float32, remat
   has_output = any(t.name == 'output.weight' for t in reader.tensors)
   cfg = config_from_metadata(meta, max_len=max_len, dtype=dtype, has_output=has_output,
                              remat=remat)
-  limits = context_limits(meta, os.fspath(path))
-  for limit, reason in limits:
-    if max_len > limit:
-      raise ValueError(f'max_len={max_len} exceeds the checkpoint\'s context: {reason}')
+  hf_loader.check_max_len(context_limits(meta, os.fspath(path)), max_len)
   try:
     tensors = hf_tensors(reader, cfg, meta['general.architecture'])
   except (ValueError, IndexError, TypeError) as e:

@@ -189,14 +189,8 @@ class Tokenizer:
     weight loader can share it).
     """
     import gguf  # Only needed here.
-    if isinstance(path, gguf.GGUFReader):
-      reader = path
-    else:
-      try:
-        reader = gguf.GGUFReader(os.fspath(path))
-      except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise ValueError(f'{os.fspath(path)}: not a readable GGUF file '
-                         f'(corrupt or truncated?): {type(e).__name__}: {e}') from e
+    from experiments.models import gguf_loader
+    reader = path if isinstance(path, gguf.GGUFReader) else gguf_loader.read(os.fspath(path))
     meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith('tokenizer.')}
     return from_gguf_metadata(meta)
 
