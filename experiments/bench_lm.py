@@ -4,14 +4,18 @@
 
 Ours: the jitted i.i.d. sampler (`sampling.sample_iid`, temperature 1, no stop
 token, so every row generates exactly new_tokens) on SmolLM2-135M-Instruct in
-float32, then one full-fine-tuning update step (`train_step`, Adam, remat) on
-`--train_rows` responses. Reference, in the same run when torch and transformers
+float32, then the update step (`train_step`, Adam, remat) on `--train_rows`
+responses twice: full fine-tuning, and LoRA (rank `--lora_rank` on every
+projection, `make_optimizer(lora_only=True)`: only the adapters are differentiated),
+each with the update's peak device memory (XLA's memory analysis of the compiled
+step: arguments + temporaries + outputs - donated) and the LoRA / full ratios. Reference, in the same run when torch and transformers
 are installed (they are not dependencies; `pip install torch transformers`):
 `model.generate` on CPU at the same batch and lengths (experiments/hf_reference.py),
 in a subprocess so that each side's peak resident memory is its own. Prints one
 table with ours / transformers ratios; absolute numbers depend on the machine.
 """
 
+import dataclasses
 import json
 import resource
 import subprocess
@@ -25,13 +29,14 @@ from absl import app, flags
 
 from experiments.rollouts import sampling
 from experiments.training import train_step as ts
-from experiments.models import pretrained
+from experiments.models import decoder, pretrained
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('batch', 64, 'Sampled rows.')
 flags.DEFINE_integer('prompt_len', 32, 'Prompt tokens per row.')
 flags.DEFINE_integer('new_tokens', 64, 'Generated tokens per row.')
 flags.DEFINE_integer('train_rows', 16, 'Rows in the timed update step.')
+flags.DEFINE_integer('lora_rank', 8, 'LoRA rank of the second update step.')
 flags.DEFINE_integer('repeats', 2, 'Timed repeats after the compiling call (best is kept).')
 flags.DEFINE_integer('threads', 2, 'torch threads for the transformers run.')
 flags.DEFINE_bool('hf', True, 'Also time transformers generate (needs torch + transformers).')
@@ -58,7 +63,7 @@ def best_time(fn, repeats):
   return min(times)
 
 
-def ours(batch, prompt_len, new_tokens, train_rows, repeats) -> dict:
+def ours(batch, prompt_len, new_tokens, train_rows, repeats, lora_rank) -> dict:
   lm = pretrained.load('smollm2', max_len=prompt_len + new_tokens, remat=True)
   rng = np.random.default_rng(0)
   prompts = jnp.asarray(rng.integers(100, lm.cfg.vocab_size, (batch, prompt_len)), jnp.int32)
@@ -71,19 +76,31 @@ def ours(batch, prompt_len, new_tokens, train_rows, repeats) -> dict:
                     advantages=jnp.asarray(rng.standard_normal((train_rows, 1)) *
                                            np.ones((1, new_tokens)), jnp.float32),
                     old_logprobs=s.logprobs[:, 0])
-  # A copy: the update step donates its state, and lm.params is shared (pretrained.load cache).
-  state = ts.init_state(jax.tree.map(jnp.copy, lm.params), ts.make_optimizer(1e-6))
   loss_cfg = ts.LossConfig(num_minibatches=1, num_microbatches=2)
-  holder = {'state': state}
+  out = dict(sample_tokens_per_s=batch * new_tokens / t_sample, sample_s=t_sample)
+  for name, cfg, params, tx in (
+      ('full', lm.cfg, lm.params, ts.make_optimizer(1e-6)),
+      ('lora', dataclasses.replace(lm.cfg, lora_rank=lora_rank, lora_alpha=2.0 * lora_rank),
+       None, ts.make_optimizer(1e-6, lora_only=True))):
+    if params is None:
+      params = decoder.add_lora(jax.random.PRNGKey(1), lm.params, cfg)
+    # A copy: the update step donates its state, and lm.params is shared (pretrained.load cache).
+    holder = {'state': ts.init_state(jax.tree.map(jnp.copy, params), tx)}
+    mem = ts.train_step_jit.lower(holder['state'], batch_, cfg=cfg,
+                                  loss_cfg=loss_cfg).compile().memory_analysis()
 
-  def update(r):
-    holder['state'], m = ts.train_step_jit(holder['state'], batch_, cfg=lm.cfg, loss_cfg=loss_cfg)
-    return m['loss']
+    def update(r):
+      holder['state'], m = ts.train_step_jit(holder['state'], batch_, cfg=cfg, loss_cfg=loss_cfg)
+      return m['loss']
 
-  t_train = best_time(update, repeats)
-  return dict(sample_tokens_per_s=batch * new_tokens / t_sample, sample_s=t_sample,
-              train_tokens_per_s=train_rows * new_tokens / t_train, train_s=t_train,
-              peak_rss_gb=peak_rss_gb())
+    t_train = best_time(update, repeats)
+    out[f'{name}_train_tokens_per_s'] = train_rows * new_tokens / t_train
+    out[f'{name}_train_s'] = t_train
+    out[f'{name}_train_gb'] = (mem.argument_size_in_bytes + mem.temp_size_in_bytes +
+                               mem.output_size_in_bytes - mem.alias_size_in_bytes) / 2**30
+    del holder
+  out['peak_rss_gb'] = peak_rss_gb()
+  return out
 
 
 def hf(batch, prompt_len, new_tokens, threads) -> dict:
@@ -100,7 +117,8 @@ def main(argv):
   if f.part == 'hf':
     print('JSON' + json.dumps(hf(f.batch, f.prompt_len, f.new_tokens, f.threads)))
     return
-  rows = {'ours (jax sampler)': ours(f.batch, f.prompt_len, f.new_tokens, f.train_rows, f.repeats)}
+  rows = {'ours (jax sampler)': ours(f.batch, f.prompt_len, f.new_tokens, f.train_rows, f.repeats,
+                                     f.lora_rank)}
   if f.hf:
     proc = subprocess.run([sys.executable, '-m', 'experiments.bench_lm', '--part=hf',
                            f'--batch={f.batch}', f'--prompt_len={f.prompt_len}',
@@ -115,10 +133,18 @@ def main(argv):
       print('transformers run failed (torch/transformers installed?):\n' + proc.stderr[-2000:])
   print(f'SmolLM2-135M-Instruct f32, batch {f.batch}, prompt {f.prompt_len}, '
         f'{f.new_tokens} new tokens, {jax.devices()[0].platform}')
-  print(f'{"":>24} {"sampled tok/s":>14} {"train tok/s":>12} {"peak RSS GB":>12}')
+  print(f'{"":>24} {"sampled tok/s":>14} {"peak RSS GB":>12}')
   for name, r in rows.items():
-    print(f'{name:>24} {r["sample_tokens_per_s"]:>14.1f} '
-          f'{r.get("train_tokens_per_s", float("nan")):>12.1f} {r["peak_rss_gb"]:>12.2f}')
+    print(f'{name:>24} {r["sample_tokens_per_s"]:>14.1f} {r["peak_rss_gb"]:>12.2f}')
+  o = rows['ours (jax sampler)']
+  print(f'update step, {f.train_rows} rows x {f.new_tokens} tokens (2 micro-batches):')
+  print(f'{"":>24} {"train tok/s":>12} {"step s":>8} {"step GiB":>9}')
+  for name in ('full', 'lora'):
+    label = 'full fine-tuning' if name == 'full' else f'LoRA rank {f.lora_rank}'
+    print(f'{label:>24} {o[name + "_train_tokens_per_s"]:>12.1f} {o[name + "_train_s"]:>8.2f} '
+          f'{o[name + "_train_gb"]:>9.2f}')
+  print(f'ratio LoRA / full: {o["lora_train_tokens_per_s"] / o["full_train_tokens_per_s"]:.2f}x '
+        f'tokens/s, {o["lora_train_gb"] / o["full_train_gb"]:.2f}x memory')
   if len(rows) == 2:
     a, b = rows.values()
     print(f'ratio ours / transformers (sampling): {a["sample_tokens_per_s"] / b["sample_tokens_per_s"]:.2f}x')

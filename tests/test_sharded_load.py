@@ -269,6 +269,18 @@ def main(workdir):
         assert all(len(per_tensor[n]) == reads_each for n in leaf.names), (key, per_tensor)
       assert not all(x.sharding.is_fully_replicated for x in jax.tree.leaves(got))
   assert checked['split_layers'] and checked['split_head_dim'], checked
+  # pretrained.load(mesh=...) (what the loop's problems call on > 1 device): the same
+  # values, already placed with the update step's shardings, for an HF dir and the GGUF.
+  from experiments.models import pretrained
+  sharded_load._Files.get_slice = orig
+  mesh = ts.make_mesh(4)
+  for source in (os.path.join(ROOT, 'tests', 'fixtures', 'hf', 'qwen3'), 'smollm2'):
+    want = pretrained.load(source, max_len=16)
+    got = pretrained.load(source, max_len=16, mesh=mesh)
+    assert got.cfg == want.cfg
+    assert_same(got.params, want.params)
+    for x in jax.tree.leaves(got.params):
+      assert x.sharding.mesh == mesh and x.sharding.spec == ts.leaf_spec(x.shape, 4), x.sharding
   print('OK', checked)
 
 

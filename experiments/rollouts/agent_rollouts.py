@@ -37,7 +37,7 @@ import credit
 import envs
 from experiments.rollouts import agent_sampling as ags
 from experiments.models import decoder, pretrained
-from experiments.rollouts.text_rollouts import Draw
+from experiments.rollouts.text_rollouts import Draw, loading_mesh
 
 SAMPLERS = ('iid', 'tree_turns')
 # Environment words a pretrained tokenizer splits into several tokens, spelled as words it
@@ -176,7 +176,8 @@ class AgentProblem:
     self.gamma = float(cfg.agent.gamma)
     max_len = ags.sequence_length(env, self.num_turns)
     if cfg.agent.lm_source:
-      model = pretrained.load(cfg.agent.lm_source, max_len=max_len, dtype=cfg.agent.lm_dtype)
+      model = pretrained.load(cfg.agent.lm_source, max_len=max_len, dtype=cfg.agent.lm_dtype,
+                              mesh=loading_mesh(cfg))
       self.pcfg, self.init_params, self.tokenizer = model.cfg, model.params, model.tokenizer
       self.vocab = lm_vocab_map(env, model.tokenizer, dict(cfg.agent.lm_aliases))
       self.eos_id, self.pad_id = self.vocab.eoa, self.vocab.pad

@@ -45,6 +45,12 @@ class Draw:
   handle: Any  # the JAX task's info pytree, or the list of TextExamples
 
 
+def loading_mesh(cfg):
+  """The loop's mesh (`train_step.make_mesh(cfg.mesh.fsdp)`) for `pretrained.load` to place
+  the checkpoint on, straight from the files; None on one device."""
+  return train_step.make_mesh(cfg.mesh.fsdp) if jax.device_count() > 1 else None
+
+
 class TextProblem:
   """A text task on a pretrained model (see the module docstring)."""
 
@@ -53,7 +59,7 @@ class TextProblem:
     self.task = text_tasks.make_text_task(cfg.task.name, **dict(cfg.task.kwargs))
     self.max_prompt_len, self.response_len = lm.max_prompt_len, lm.max_new_tokens
     self.model = pretrained.load(lm.source, max_len=lm.max_prompt_len + lm.max_new_tokens,
-                                 dtype=lm.dtype, remat=lm.remat)
+                                 dtype=lm.dtype, remat=lm.remat, mesh=loading_mesh(cfg))
     self.pcfg, self.tokenizer = self.model.cfg, self.model.tokenizer
     if lm.lora_rank:  # frozen pretrained weights + fresh (neutral) qwix LoRA adapters
       self.pcfg = dataclasses.replace(self.pcfg, lora_rank=lm.lora_rank, lora_alpha=lm.lora_alpha)
