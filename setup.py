@@ -31,7 +31,10 @@ setup(
         "test": ["pytest>=8.0", "hypothesis>=6.100",
                  # tests/test_notebook.py executes experiments/trees_notebook.ipynb.
                  "nbclient>=0.11.0", "nbformat>=5.11.1", "ipykernel>=7.4.0",
-                 "treescope>=0.1.10"],
+                 "treescope>=0.1.10",
+                 # tests/test_compile_tpu.py compiles the RL step for TPU slices with libtpu
+                 # (no TPU needed; JAX still runs on the CPU). libtpu ships for Linux x86_64.
+                 "jax[tpu]>=0.10.2; sys_platform == 'linux' and platform_machine == 'x86_64'"],
         # Optional, not required: `pip install graphviz` (>= 0.21 tested) and Graphviz's
         # `dot` binary make the notebook draw its tree; without them it prints the DOT source.
     },

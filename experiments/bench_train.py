@@ -16,6 +16,10 @@ Cases (response length L, prompt length P):
   b  fixed-branching sampled trees: branching (2, 2, 2) and (4, 4) with long first
      segments, 50-75 % of leaf tokens shared.
   c  worst case: nothing shared beyond the prompt, P:L = 1:4.
+  d  multi-turn agents: K = 8 turns of 8 action + 24 observation tokens after a first
+     observation (the prompt) of 64 or 256 tokens; 4 chains forked 4 ways at turn 2
+     (`agent_sampling.fork_episodes`' layout, G = 16); the loss on action tokens only
+     (`policy_mask`), the layout over every token, as the loop packs agents.
 Absolute times depend on the machine; compare the ratios of one run.
 """
 
@@ -55,6 +59,21 @@ def tree_groups(rng, b, branching, fractions, l, vocab):
   return tok
 
 
+def agent_groups(rng, b, chains, forks, fork_turn, turns, action_len, obs_len, vocab):
+  """Forked trajectories [B, G = chains * forks, K (A + O)] and their policy mask: the
+  copies of a chain share its turns before `fork_turn`, then sample their own (a
+  distinct first action token at the fork)."""
+  slot = action_len + obs_len
+  l = turns * slot
+  g = chains * forks
+  tok = rng.integers(0, vocab, (b, g, l)).astype(np.int32)
+  cut = fork_turn * slot
+  tok[:, :, :cut] = np.repeat(tok[:, ::forks, :cut], forks, axis=1)
+  tok[:, :, cut] = np.arange(g) % forks
+  policy = np.tile(np.arange(slot) < action_len, turns)
+  return tok, np.broadcast_to(policy, tok.shape)
+
+
 def cases(which):
   out = []
   if 'a' in which:
@@ -67,6 +86,9 @@ def cases(which):
     out.append(('b tree (2,2,2) seg .75/.125/.125', 'tree', ((2, 2, 2), (.75, .125, .125)), 32, 64,))
   if 'c' in which:
     out.append(('c no sharing G=8 P:L=16:64', 'iid', 8, 16, 64))
+  if 'd' in which:  # (chains, forks, fork turn, K, A, O)
+    for p in (64, 256):
+      out.append((f'd agent 4x4 fork@2 K=8 P={p}', 'agent', (4, 4, 2, 8, 8, 24), p, 8 * 32))
   return out
 
 
@@ -75,7 +97,7 @@ def main(argv=None):
   parser.add_argument('--model', default='toy', choices=('toy', 'smollm2'))
   parser.add_argument('--groups', type=int, default=8, help='B, groups (prompts) per step')
   parser.add_argument('--repeats', type=int, default=5)
-  parser.add_argument('--cases', default='a,b,c')
+  parser.add_argument('--cases', default='a,b,c,d')
   args = parser.parse_args(argv)
 
   rng = np.random.default_rng(0)
@@ -95,13 +117,18 @@ def main(argv=None):
         pretrained = pretrained_lib.load('smollm2', max_len=p + l, remat=True)
       cfg = dataclasses.replace(pretrained.cfg, max_len=p + l)
       params, vocab = pretrained.params, pretrained.cfg.vocab_size
+    mask = loss_mask = None
     if kind == 'iid':
       g = gspec
       tok = iid_groups(rng, b, g, l, vocab)
+    elif kind == 'agent':
+      tok, loss_mask = agent_groups(rng, b, *gspec, vocab)
+      g = tok.shape[1]
     else:
       tok = tree_groups(rng, b, gspec[0], gspec[1], l, vocab)
       g = tok.shape[1]
     mask = np.ones(tok.shape, bool)
+    loss_mask = mask if loss_mask is None else loss_mask
     prompts = rng.integers(0, vocab, (b, p)).astype(np.int32)
     adv = rng.normal(size=(b, g, 1)).astype(np.float32) * np.ones((1, 1, l), np.float32)
     old = np.full(tok.shape, -np.log(vocab), np.float32)
@@ -118,7 +145,7 @@ def main(argv=None):
         req = packing.required_len(prompts, tok, mask, layout, node=node)
         t_len = packing.bucket_len(req, p, g, l)
         pk = packing.pack(prompts, tok, mask, pack_len=t_len, mode=layout, node=node)
-      batch = ts.batch_from_samples(jnp.asarray(prompts), jnp.asarray(tok), jnp.asarray(mask),
+      batch = ts.batch_from_samples(jnp.asarray(prompts), jnp.asarray(tok), jnp.asarray(loss_mask),
                                     jnp.asarray(adv), jnp.asarray(old), packing=pk)
       state = ts.init_state(jax.tree.map(jnp.copy, params), tx)
       step = jax.jit(ts.train_step, static_argnames=('cfg', 'loss_cfg'))

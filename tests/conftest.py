@@ -3,6 +3,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))  # reference_trie and strategies
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+# The suite runs on the CPU. With libtpu installed (the test extra, for test_compile_tpu) JAX
+# would otherwise probe for a TPU in every process and print libtpu's start-up warnings; the
+# TPU topologies used for AOT compiles are still available with this set.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from hypothesis import settings  # noqa: E402
 

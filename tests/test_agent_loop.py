@@ -140,6 +140,42 @@ def test_packed_logprobs_of_trajectories_equal_flat_rows(house_policy):
   np.testing.assert_allclose(np.where(s.policy_mask, flat, 0.0), s.logprobs, atol=1e-4)
 
 
+def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy):
+  """Issue 21 item 5: forked multi-turn groups (shared turns before the fork, actions
+  and observations interleaved, the loss on policy tokens only) through the packed
+  update step: loss, metrics, gradients and updated params equal the flat rows'."""
+  from experiments.training import train_step as ts
+  params, pcfg = house_policy
+  ep = ags.fork_episodes(params, pcfg, HOUSE, KEY, 2, 2, 2, 2)
+  prompts, s = agent_rollouts.split_prompt(ep, HOUSE)
+  packed = loop.pack_groups(agents_config.get_config().train, prompts, s)
+  flat_slots = s.tokens.shape[1] * s.tokens.shape[2]
+  assert int(packed.num_slots.max()) - prompts.shape[1] < flat_slots  # the forks' turns shared
+  rng = np.random.default_rng(0)
+  keep = s.policy_mask
+  adv = jnp.where(keep, jnp.asarray(rng.normal(size=keep.shape), jnp.float32), 0.0)
+  old = jnp.where(keep, s.logprobs + 0.2 * jnp.asarray(rng.normal(size=keep.shape)), 0.0)
+  lc = ts.LossConfig(kl_coef=0.0, num_microbatches=2)
+  results = []
+  for pk in (None, packed):
+    batch = ts.batch_from_samples(prompts, s.tokens, keep, adv, old.astype(jnp.float32),
+                                  packing=pk)
+    w = ts.token_weights(batch.mask, 'token-mean')
+    (loss, _), grad = jax.value_and_grad(ts.policy_loss, has_aux=True)(
+        params, pcfg, lc, batch, (w, w))
+    state = ts.init_state(jax.tree.map(jnp.copy, params), ts.make_optimizer(1e-2, 0))
+    state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=lc)
+    results.append((loss, grad, m, state.params))
+  (l_f, g_f, m_f, p_f), (l_p, g_p, m_p, p_p) = results
+  np.testing.assert_allclose(l_p, l_f, rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(g_p), jax.tree.leaves(g_f)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  for k in m_f:
+    np.testing.assert_allclose(m_p[k], m_f[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(jax.tree.leaves(p_p), jax.tree.leaves(p_f)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- IGPO
 
 

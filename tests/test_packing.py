@@ -128,6 +128,20 @@ def test_packed_logprobs_equal_flat(cfg, mode, attention):
                              np.where(mask, flat_ent.reshape(chex_shape), 0), atol=1e-5)
 
 
+def test_rows_logprobs_in_parts_equal_one_pass():
+  """loop.rows_logprobs(chunks=c) runs the groups in gcd(B, c) parts: same values."""
+  from experiments.training import loop
+  prompts, tok, mask, plen = groups(3)
+  params = decoder.init_params(jax.random.PRNGKey(1), CFG)
+  pk = packing.pack(prompts, tok, mask, plen, pack_len=P + G * L)
+  for packed in (None, pk):
+    whole = loop.rows_logprobs(params, prompts, tok, mask, plen, packed, cfg=CFG)
+    for chunks in (2, 4, 3):  # 3: gcd(4, 3) = 1 part
+      np.testing.assert_allclose(
+          loop.rows_logprobs(params, prompts, tok, mask, plen, packed, cfg=CFG, chunks=chunks),
+          whole, atol=1e-5)
+
+
 def test_does_not_fit_and_bad_mode_errors():
   prompts, tok, mask, plen = groups(2)
   need = packing.required_len(prompts, tok, mask)

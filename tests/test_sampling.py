@@ -178,6 +178,70 @@ def test_filter_logits_matches_numpy(seed, k, p, temp):
   assert keep[np.arange(4), z.argmax(-1)].all()
 
 
+def _np_filtered_probs(logits, temp, top_k, top_p):
+  """Plain-numpy (float64) reference of the filtered distribution [R, V] and, per row,
+  the distance of the nearest mass-before to top_p (to skip float ties)."""
+  z = logits.astype(np.float64) / temp
+  r, v = z.shape
+  out, margin = np.zeros_like(z), np.full(r, np.inf)
+  for i in range(r):
+    order = np.argsort(-z[i], kind='stable')
+    keep = np.zeros(v, bool)
+    n = top_k if 0 < top_k < v else v
+    keep[order[:n]] = True
+    keep &= z[i] >= z[i, order[n - 1]]  # ties at the top-k threshold are kept
+    if top_p < 1:
+      zk = np.where(keep, z[i], -np.inf)
+      probs = np.exp(zk - zk.max())
+      probs /= probs.sum()
+      sp = probs[order]
+      before = np.cumsum(sp) - sp
+      margin[i] = np.abs(before[:n] - top_p).min()
+      last = np.flatnonzero(before[:n] < top_p).max()
+      keep &= z[i] >= z[i, order[last]]
+    w = np.where(keep, np.exp(z[i] - z[i].max()), 0.0)
+    out[i] = w / w.sum()
+  return out, margin
+
+
+_filter_small = jax.jit(functools.partial(sampling.filter_logits, max_candidates=8))
+_cand_small = jax.jit(sampling._candidate_threshold, static_argnums=3)
+
+
+@pytest.mark.parametrize('case', ['top_k', 'top_k_top_p', 'peaked_top_p', 'wide_top_p',
+                                  'top_k_over_candidates', 'mixed_rows', 'off'])
+def test_filter_logits_candidates_match_numpy(case):
+  """lax.top_k candidates (C = 8 of V = 64) or the full-sort fallback: both equal a
+  float64 numpy reference, and each case takes the path `filter_logits` documents."""
+  rng = np.random.default_rng(11)
+  peaked = rng.normal(size=(3, 64)) * 4.0
+  flat = rng.normal(size=(3, 64)) * 0.3
+  temp, top_k, top_p, logits, exact = {
+      'top_k': (1.0, 5, 1.0, peaked, True),
+      'top_k_top_p': (0.7, 8, 0.6, flat, True),
+      'peaked_top_p': (1.0, 0, 0.5, peaked, True),       # nucleus within the candidates
+      'wide_top_p': (1.0, 0, 0.9, flat, False),          # nucleus of ~50 tokens > C
+      'top_k_over_candidates': (2.0, 20, 0.8, peaked, False),  # C < top_k < V
+      'mixed_rows': (1.0, 0, 0.5, np.concatenate([peaked[:2], flat[:1]]), False),
+      'off': (1.0, 0, 1.0, peaked, False),               # filter_logits called with no filter
+  }[case]
+  logits = logits.astype(np.float32)
+  want, margin = _np_filtered_probs(logits, temp, top_k, top_p)
+  assert margin.min() > 1e-4  # the reference is not at a float tie
+  z = logits / np.float32(temp)
+  k = top_k if 0 < top_k < 64 else 64
+  _, row_exact = _cand_small(jnp.asarray(z), k, top_p, 8)
+  assert bool(np.all(row_exact)) == exact
+  got = np.asarray(_filter_small(jnp.asarray(logits), temp, top_k, top_p))
+  np.testing.assert_array_equal(np.isfinite(got), want > 0)
+  p = np.exp(got - got.max(-1, keepdims=True))
+  np.testing.assert_allclose(p / p.sum(-1, keepdims=True), want, rtol=1e-5, atol=1e-7)
+  # The same as candidates covering the whole vocabulary (a full sort everywhere).
+  full = np.asarray(sampling.filter_logits(jnp.asarray(logits), temp, top_k, top_p,
+                                           max_candidates=64))
+  np.testing.assert_array_equal(got, full)
+
+
 def test_select_tokens_greedy_equivalents():
   logits = jnp.asarray(np.random.default_rng(1).normal(size=(64, 8)) * 2, jnp.float32)
   u = jax.random.uniform(jax.random.PRNGKey(3), (64,))

@@ -29,6 +29,7 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import time
 import warnings
@@ -254,29 +255,66 @@ def group_process_rewards(prompts, tokens, mask, info, *, task):
           task.step_ends(p, tokens, mask, info) & mask)
 
 
-@functools.partial(jax.jit, static_argnames=('cfg',))
-def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, packed=None, *, cfg):
+@functools.partial(jax.jit, static_argnames=('cfg', 'chunks'))
+def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, packed=None, *, cfg,
+                  chunks: int = 1):
   """Teacher-forced log-probs of [B, G, L] responses, 0 where masked.
 
   `packed`: the groups' `trees.packing.Packing` (one forward per tree) or None (rows).
+  `chunks`: the forward runs in sequential parts (`lax.map`): gcd(B * G, chunks) parts
+  of rows, or packed, gcd(B, chunks) parts of groups, so the activations and logits
+  held at once shrink by that factor; the values are the same. Part i takes rows (or
+  groups) i, i + c, i + 2c, ...: with rows split over devices in contiguous blocks
+  whose size c divides, every part keeps every device busy on its own rows. The loop
+  passes the update step's split (minibatches x micro-batches): without it the old and
+  reference passes over a whole rollout batch are what does not fit on a v5e-4
+  (experiments/compile_tpu.py, SmolLM2-135M, 256 x 1.5k tokens).
   """
   b, g, l = tokens.shape
-  if packed is not None:
-    return jnp.where(mask, decoder.packed_token_logprobs(params, cfg, packed, tokens)[0], 0.0)
-  plen = None if prompt_len is None else jnp.repeat(prompt_len, g, axis=0)
-  lp, _ = decoder.token_logprobs(params, cfg, jnp.repeat(prompts, g, axis=0),
-                                tokens.reshape(b * g, l), plen)
-  return jnp.where(mask, lp.reshape(b, g, l), 0.0)
+  if packed is None:
+    n = b * g
+    c = math.gcd(n, max(1, int(chunks)))
+    rows = lambda x, axis=0: jnp.repeat(x, g, axis=axis)
+    prompts_r = rows(prompts)
+    plen = None if prompt_len is None else rows(prompt_len)
+    parts = (prompts_r, tokens.reshape(n, l), plen)
+    part = lambda a: decoder.token_logprobs(params, cfg, *a)[0]
+    if c == 1:
+      lp = part(parts)
+    else:  # [N, ...] -> [c, N / c, ...], part i = rows i, i + c, ...
+      split = lambda x: None if x is None else x.reshape((n // c, c) + x.shape[1:]).swapaxes(0, 1)
+      lp = jax.lax.map(part, tuple(split(x) for x in parts)).swapaxes(0, 1)
+    return jnp.where(mask, lp.reshape(b, g, l), 0.0)
+  c = math.gcd(b, max(1, int(chunks)))
+  part = lambda a: decoder.packed_token_logprobs(params, cfg, a[0], a[1])[0]
+  if c == 1:
+    lp = part((packed, tokens))
+  else:  # groups i, i + c, ... per part
+    split = lambda x: jax.tree.map(
+        lambda a: a.reshape((b // c, c) + a.shape[1:]).swapaxes(0, 1), x)
+    lp = jax.lax.map(part, (split(packed), split(tokens))).swapaxes(0, 1).reshape(b, g, l)
+  return jnp.where(mask, lp, 0.0)
 
 
-def packing_applies(cfg, num_groups: int) -> bool:
+def packing_applies(cfg, num_groups: int, num_devices: int = 1) -> bool:
   """Whether the update step packs each group's tree (`cfg.train.packing` != 'none').
 
   Packed minibatches and micro-batches take whole groups, so the groups must divide
-  into num_minibatches * num_microbatches; otherwise the step runs flat rows (same loss).
+  into num_minibatches * num_microbatches parts, each split evenly over the devices
+  that hold rows (`packs_evenly`); otherwise the step runs flat rows (same loss).
   """
   split = cfg.loss.num_minibatches * cfg.loss.num_microbatches
-  return cfg.train.packing != 'none' and num_groups % split == 0
+  return cfg.train.packing != 'none' and packs_evenly(num_groups, split, num_devices)
+
+
+def packs_evenly(num_groups: int, split: int, num_devices: int) -> bool:
+  """Whether `split` parts of the groups each spread evenly over `num_devices`.
+
+  Otherwise a device would hold a share of a packed group, which the packed layout
+  does not split: measured with experiments/compile_tpu.py, Llama-3.1-8B with 32 groups
+  of 8 x (512 + 1024) tokens packed over 64 chips computed replicated packed log-probs
+  (40 GiB of temporaries per chip) where the flat rows fit."""
+  return num_groups % (split * num_devices) == 0
 
 
 def pack_groups(tcfg, prompts, samples, prompt_len=None, min_len: int = 0):
@@ -725,6 +763,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                               else dict(cfg.credit.hparams), sort_keys=True),
                   scfg.name != 'iid')
   need_ref = loss_cfg.kl_coef > 0 or 'ref_logprobs' in credit.needs(cfg.credit.name)
+  # Old / reference log-probs run over the batch in the update step's parts (rows_logprobs).
+  lp_chunks = loss_cfg.num_minibatches * loss_cfg.num_microbatches
   need_process = 'token_rewards' in credit.needs(cfg.credit.name)
   if need_process and not hasattr(problem, 'process_rewards'):
     raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards, which text '
@@ -738,7 +778,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
     raise ValueError(f'credit {cfg.credit.name!r} assigns credit to the turns of multi-turn '
                      f'trajectories; task {cfg.task.name!r} is single-turn (use a multi-turn '
                      f'environment, configs/agents.py)')
-  use_packing, pack_len = packing_applies(cfg, b), 0
+  use_packing, pack_len = packing_applies(cfg, b, mesh.size), 0
   key = jax.random.PRNGKey(run_seed)
   n_dev = mesh.size
   t_start = time.time() - wall0
@@ -779,11 +819,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         pack_len = packed.pack_len
       if cfg.rl.recompute_logprobs:  # teacher-forced: ratio exactly 1 at the first update
         old_lp = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen,
-                               packed, cfg=pcfg)
+                               packed, cfg=pcfg, chunks=lp_chunks)
       else:  # the sampler's untempered log-probs (same params; equal up to float rounding)
         old_lp = samples.logprobs
       ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, plen, packed,
-                              cfg=pcfg) if need_ref else None)
+                              cfg=pcfg, chunks=lp_chunks) if need_ref else None)
       train_rewards = rewards
       if need_ref and loss_cfg.kl_in_reward:
         train_rewards = rewards - loss_cfg.kl_coef * jnp.sum(

@@ -1,0 +1,95 @@
+"""Compile check for TPU pods on any host: the whole RL step, AOT-compiled for a topology.
+
+    python -m experiments.compile_tpu --topology v5e:2x2 --model smollm2-135m \\
+        --rows 256 --group_size 8 --prompt_len 512 --response_len 512 --fsdp 4 \\
+        --micro_batches 8 --dtype bfloat16 --remat
+
+Needs libtpu (`pip install "jax[tpu]>=0.10.2"`), no TPU: `experiments.training.aot`
+takes the topology's devices (all hosts') from libtpu and compiles each piece of the
+loop's RL step with the loop's functions and shardings (the sampler's prefill, decode
+loop and forks, packing, old / reference log-probs, credit, the packed and the flat
+update). It prints per device: memory (arguments, temporaries, outputs, and the train
+state the loop holds) against HBM, analytic FLOPs, the roofline time at the chip's
+vendor peak bf16 FLOP/s and HBM bandwidth, the MFU bound and compile times; when the
+step does not fit (a stage XLA cannot fit in HBM, or a peak above 90% of HBM), it
+prints "does not fit", the largest arrays and a mesh estimated to fit, and exits with
+status 1.
+
+--model: a built-in shape (toy, smollm2-135m, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b) or a
+Hugging Face config.json (file or directory).
+"""
+
+import argparse
+import sys
+import time
+
+from experiments.training import aot
+
+
+def main(argv=None) -> 'aot.Result':
+  """Compiles and prints the report; returns the `aot.Result`."""
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--topology', default='v5e:2x2',
+                  help='TPU topology, e.g. v5e:2x2, v5e:4x4, v5p:4x4x4, v6e:8x8, v4:2x2x2')
+  ap.add_argument('--model', default='toy', help=f'{", ".join(aot.MODELS)} or a config.json')
+  ap.add_argument('--rows', type=int, default=16, help='responses per step, N = B * G')
+  ap.add_argument('--group_size', type=int, default=4, help='G')
+  ap.add_argument('--prompt_len', type=int, default=32)
+  ap.add_argument('--response_len', type=int, default=32)
+  ap.add_argument('--sampler', default='iid', choices=('iid', 'tree_entropy'))
+  ap.add_argument('--num_chains', type=int, default=2, help='tree_entropy only')
+  ap.add_argument('--num_forks', type=int, default=1, help='tree_entropy only')
+  ap.add_argument('--num_continuations', type=int, default=1, help='tree_entropy only')
+  ap.add_argument('--fsdp', type=int, default=1, help="size of the mesh's 'fsdp' axis")
+  ap.add_argument('--micro_batches', type=int, default=1)
+  ap.add_argument('--minibatches', type=int, default=1)
+  ap.add_argument('--epochs', type=int, default=1)
+  ap.add_argument('--packing', default='tree', choices=('tree', 'prompt', 'none'),
+                  help='packed update (the flat one is compiled too unless none)')
+  ap.add_argument('--pack_len', type=int, default=0,
+                  help='packed slots per group; 0 = P + G * L (nothing shared but the prompt)')
+  ap.add_argument('--pack_attention', default='paths', choices=('paths', 'mask'))
+  ap.add_argument('--no_flat', action='store_true',
+                  help='with packing, skip the flat log-probs and update')
+  ap.add_argument('--no_ref', action='store_true', help='no reference model (kl_coef 0)')
+  ap.add_argument('--ref_sharding', default='policy', choices=('policy', 'replicated'),
+                  help="reference params: the policy's sharding (as the loop places them) or "
+                       "replicated (to compare)")
+  ap.add_argument('--credit', default='grpo', help='credit estimator compiled for the step')
+  ap.add_argument('--lora_rank', type=int, default=0)
+  ap.add_argument('--dtype', default='bfloat16', choices=('float32', 'bfloat16'),
+                  help='compute dtype (params stay float32)')
+  ap.add_argument('--remat', action='store_true', help='recompute blocks in the backward pass')
+  ap.add_argument('--quiet', action='store_true', help='no per-stage progress lines')
+  a = ap.parse_args(argv)
+
+  import jax.numpy as jnp
+  t0 = time.perf_counter()
+  topo = aot.topology(a.topology)
+  cfg, notes = aot.model_config(a.model, max_len=a.prompt_len + a.response_len,
+                                dtype=getattr(jnp, a.dtype), remat=a.remat,
+                                lora_rank=a.lora_rank)
+  shape = aot.RLShape(
+      rows=a.rows, group_size=a.group_size, prompt_len=a.prompt_len,
+      response_len=a.response_len, sampler=a.sampler, num_chains=a.num_chains,
+      num_forks=a.num_forks, num_continuations=a.num_continuations, fsdp=a.fsdp,
+      micro_batches=a.micro_batches, minibatches=a.minibatches, epochs=a.epochs,
+      packing=a.packing, pack_len=a.pack_len, pack_attention=a.pack_attention,
+      ref=not a.no_ref, ref_sharding=a.ref_sharding, credit=a.credit,
+      compile_flat=not a.no_flat)
+  for n in notes:
+    print('note:', n)
+  result = aot.compile_rl_step(cfg, shape, topo, verbose=not a.quiet)
+  print(aot.format_report(result))
+  print(f'wall time {time.perf_counter() - t0:.1f} s')
+  sys.stdout.flush()
+  return result
+
+
+def cli(argv=None) -> int:
+  """Exit status: 0 if the step fits in 90% of HBM, else 1."""
+  return 0 if aot.step_summary(main(argv))['fits'] else 1
+
+
+if __name__ == '__main__':
+  sys.exit(cli())
