@@ -215,3 +215,20 @@ def test_lora_resume_is_exact(lora_params, batch, tmp_path):
   jax.tree.map(np.testing.assert_array_equal,
                (resumed.params, resumed.opt_state, resumed.step, resumed.rng),
                (straight.params, straight.opt_state, straight.step, straight.rng))
+
+
+def test_lora_with_bfloat16_compute(lora_params, batch):
+  """qwix's float32 adapters on a bfloat16 model: the residual stream stays bfloat16
+  (it once became float32 and broke the layer scan), and the forward matches the
+  merged model's within bfloat16 rounding."""
+  cfg16 = dataclasses.replace(CFG, dtype=jnp.bfloat16)
+  lp, _ = decoder.token_logprobs(lora_params, cfg16, batch.prompts, batch.tokens)
+  merged, base16 = decoder.merge_lora(lora_params, cfg16)
+  want, _ = decoder.token_logprobs(merged, base16, batch.prompts, batch.tokens)
+  base, _ = decoder.token_logprobs(lora_params, dataclasses.replace(cfg16, lora_rank=0),
+                                   batch.prompts, batch.tokens)
+  err, without = np.abs(lp - want).max(), np.abs(base - want).max()
+  assert np.all(np.isfinite(lp)) and err < 0.1 and err < without / 10, (err, without)
+  state = ts.init_state(lora_params, ts.make_optimizer(1e-3, lora_only=True))
+  _, m = ts.train_step_jit(state, batch, cfg=cfg16, loss_cfg=LC)
+  assert np.isfinite(float(m['loss']))

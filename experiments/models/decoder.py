@@ -226,8 +226,11 @@ class Block(nn.Module):
   def __call__(self, carry, positions, pack=None):
     x, cache, layer = carry
     cfg = self.cfg
-    dense = lambda feats, name, axis=-1, bias=False: nn.DenseGeneral(
-        feats, axis=axis, use_bias=bias, dtype=cfg.dtype, name=name)
+    def dense(feats, name, axis=-1, bias=False):
+      layer_ = nn.DenseGeneral(feats, axis=axis, use_bias=bias, dtype=cfg.dtype, name=name)
+      # In cfg.dtype: qwix adds the LoRA path (float32 adapters) to the output, which would
+      # otherwise promote a bfloat16 residual stream to float32 (and break the layer scan).
+      return lambda h: layer_(h).astype(cfg.dtype)
     kh = cfg.kv_heads
 
     inv_freq = None if cfg.rope_type == 'default' else rope_inv_freq(cfg)
