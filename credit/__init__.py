@@ -7,7 +7,8 @@
 from credit import (agents, frpo, outcome, pure, returns, siblings, spo, tempo, tree_grpo,  # noqa: F401
                     treepo, treerl)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
-from credit.registry import get, loss_mask, names, needs, register
+from credit.registry import (get, init_state, loss_mask, names, needs, register, stateful,
+                             update_state)
 from credit.returns import (discounted_returns, gae_advantages, outcome_token_rewards,
                             reverse_linear_scan, td_lambda_returns)
 from credit.rollouts import Rollouts, tree_of

@@ -6,6 +6,13 @@ rewards and step ends) and a `loss_mask`
 function `(rollouts, advantages, **hparams) -> bool [..., G, L]` for methods
 that also take tokens out of the policy loss (SPO's probability mask).
 
+A stateful estimator (a pass-rate EMA, a curriculum, a closed-loop entropy target)
+registers `state=(init, update)`: `init(**hparams)` gives the first state pytree (static
+shapes), `update(state, rollouts, **hparams)` the next one. The estimator itself keeps the
+one signature and reads the state before this batch from `rollouts.credit_state`; the loop
+calls `update` after the advantages, carries the state in its checkpointed loop state, so a
+resumed run is exact.
+
 Rollouts with a `policy_mask` (multi-turn trajectories: observations are context,
 actions are trained) get advantages 0 off it from every registered estimator, and
 `loss_mask` keeps only its tokens; the estimators themselves see whole trajectories.
@@ -19,11 +26,13 @@ import jax.numpy as jnp
 _REGISTRY: dict[str, Callable] = {}
 _NEEDS: dict[str, tuple[str, ...]] = {}
 _LOSS_MASKS: dict[str, Callable] = {}
+_STATES: dict[str, tuple[Callable, Callable]] = {}
 
 
 def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callable] = None,
-             **defaults):
-  """Registers an estimator under `name`; `defaults` pre-bind hyperparameters."""
+             state: Optional[tuple[Callable, Callable]] = None, **defaults):
+  """Registers an estimator under `name`; `defaults` pre-bind hyperparameters; `state`
+  is `(init, update)` for an estimator that carries state across steps."""
 
   def decorator(fn):
     if name in _REGISTRY:
@@ -44,6 +53,10 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
     if loss_mask is not None:
       _LOSS_MASKS[name] = lambda rollouts, adv, **hp: loss_mask(rollouts, adv,
                                                                 **{**defaults, **hp})
+    if state is not None:
+      init, update = state
+      _STATES[name] = (lambda **hp: init(**{**defaults, **hp}),
+                       lambda st, rollouts, **hp: update(st, rollouts, **{**defaults, **hp}))
     return fn
 
   return decorator
@@ -77,3 +90,22 @@ def loss_mask(name: str, rollouts, advantages, **hparams):
   if name not in _LOSS_MASKS:
     return rollouts.trained_mask
   return _LOSS_MASKS[name](rollouts, advantages, **hparams) & rollouts.trained_mask
+
+
+def stateful(name: str) -> bool:
+  """Whether estimator `name` carries state across training steps (`register(state=)`)."""
+  get(name)
+  return name in _STATES
+
+
+def init_state(name: str, **hparams):
+  """The first `credit_state` of estimator `name` (None for a stateless one)."""
+  get(name)
+  return _STATES[name][0](**hparams) if name in _STATES else None
+
+
+def update_state(name: str, state, rollouts, **hparams):
+  """The state after this batch (`rollouts`, with the advantages already taken from
+  `state`); None for a stateless estimator."""
+  get(name)
+  return _STATES[name][1](state, rollouts, **hparams) if name in _STATES else None

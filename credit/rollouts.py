@@ -35,6 +35,18 @@ class Rollouts:
       token-level estimator, sees whole trajectories) but not in `policy_mask`;
       estimators got through `credit.get` return 0 off it and `credit.loss_mask`
       keeps only its tokens.
+    entropy: float32 [..., G, L] entropy of the sampling policy's next-token distribution
+      at each response position (nats; the sampler's, or a teacher-forced pass's for
+      text rollouts), or None. Token-reweighting estimators read it.
+    prompt_logprobs: float32 [..., P] log π_θ of each prompt token given the tokens
+      before it (0 on padding and on the first token), or None (ProGRPO).
+    credit_state: the pytree a stateful estimator carries across training steps (e.g.
+      pass-rate EMAs, a closed-loop entropy target), or None; see `credit.register`'s
+      `state`. The loop keeps it in its checkpointed state.
+    context_logprobs: float32 [..., G, L] log-probs of the response tokens under a changed
+      context (one extra teacher-forced pass with the prompt changed: GCPO, PGPO), or None.
+    saliency: float32 [..., G, L] per-token gradient saliency (the norm of the gradient of
+      the response log-likelihood w.r.t. the token's input embedding; GRAIL), or None.
   """
 
   tokens: jax.Array
@@ -49,6 +61,11 @@ class Rollouts:
   step_ends: Optional[jax.Array] = None
   turns: Optional[Turns] = None
   policy_mask: Optional[jax.Array] = None
+  entropy: Optional[jax.Array] = None
+  prompt_logprobs: Optional[jax.Array] = None
+  credit_state: Optional[object] = None
+  context_logprobs: Optional[jax.Array] = None
+  saliency: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
