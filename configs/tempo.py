@@ -54,7 +54,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss = ml_collections.ConfigDict(dict(
       eps_low=0.2, eps_high=0.28, dual_clip=3.0, agg='token-mean',
       kl_coef=0.0, kl_estimator='k3', kl_in_reward=False, entropy_coef=0.0,
-      num_epochs=1, num_minibatches=2, num_microbatches=1))
+      num_epochs=1, num_minibatches=2, num_microbatches=1,
+      policy_loss='clip',  # 'clip' (PPO), 'rgra' (#61), 'apa' (#66), 'em' (#156)
+      apa_coef=1.0,        # APA's lambda (> 0)
+      apa_anchor='ref',    # APA's anchor policy: 'ref' or 'old' (the sampling policy)
+      em_alpha=0.5))       # EM: weight of preferred samples, 1 - it of dis-preferred
   c.optimizer = ml_collections.ConfigDict(dict(
       lr=3e-4, warmup_steps=5, weight_decay=0.0, grad_clip=1.0, b1=0.9, b2=0.999))
 
@@ -68,12 +72,16 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Update-step layout: 'tree' packs each group's prefix tree (shared tokens computed
   # once, exact), 'prompt' shares only the prompt, 'none' runs flat rows.
-  # pack_len 0 = automatic buckets; pack_attention 'paths' or 'mask' (dense [T, T]).
-  c.train = ml_collections.ConfigDict(dict(packing='tree', pack_len=0, pack_attention='paths'))
+  # pack_len 0 = automatic buckets; pack_attention 'auto' (per batch and backend, the
+  # cheaper of 'blocks' and 'paths'), 'blocks' (block-sparse over ancestor blocks: cost
+  # follows the tree), 'paths' (causal along each response's path: G * S^2 per group)
+  # or 'mask' (dense [T, T]); all exact.
+  c.train = ml_collections.ConfigDict(dict(packing='tree', pack_len=0, pack_attention='auto'))
 
   c.eval = ml_collections.ConfigDict(dict(every=10, num_prompts=512, pass_k=8,
                                          pass_prompts=128, seed=12345))
-  c.mesh = ml_collections.ConfigDict(dict(fsdp=1))
+  # Devices = data x fsdp x model; model > 1: tensor parallelism (heads, MLP, vocabulary).
+  c.mesh = ml_collections.ConfigDict(dict(fsdp=1, model=1))
   return c
 
 
@@ -91,6 +99,17 @@ def paper(methods: str, **sampler) -> ml_collections.ConfigDict:
   c.rl.steps = 100
   return c
 
+
+def family(methods: str) -> ml_collections.ConfigDict:
+  """A seed-family comparison (configs/<family>.py, issue 22): the main job's budget
+  (40 RL steps x 64 prompts x G=8 i.i.d. rollouts from the shared SFT warm start) for GRPO
+  and each of the family's `methods` ('credit:sampler[:policy_loss]'), 5 seeds, each
+  method read at matched generated tokens with paired 95 % intervals against GRPO.
+  """
+  c = get_config()
+  c.methods = 'grpo:iid,' + methods
+  c.seeds = (0, 1, 2, 3, 4)
+  return c
 
 def shrink(c: ml_collections.ConfigDict, defaults=None, explicit=()) -> ml_collections.ConfigDict:
   """The --config.quick=True smoke run (well under a minute on 2 CPU cores).

@@ -1,7 +1,8 @@
 """Train-step throughput and memory: tree-packed vs prompt-packed vs flat rows, in one run.
 
     python -m experiments.bench_train [--model toy|smollm2] [--groups 8] [--repeats 5]
-        [--cases a,b,c]
+        [--cases a,b,c,d] [--attention paths,auto] [--layouts prompt,tree]
+    python -m experiments.bench_train --long    # responses of 512-4k tokens, small d
 
 Each case times the jitted `train_step` (one Adam update, token-mean loss) on the
 same batch in three layouts — `none` (flat B * G rows, the baseline), `prompt`
@@ -20,6 +21,16 @@ Cases (response length L, prompt length P):
      observation (the prompt) of 64 or 256 tokens; 4 chains forked 4 ways at turn 2
      (`agent_sampling.fork_episodes`' layout, G = 16); the loss on action tokens only
      (`policy_mask`), the layout over every token, as the loop packs agents.
+  e  long responses (`--long`: B = 1 group, d = 64, 2 heads, 2 layers): (2, 2, 2)
+     trees with segments .5/.25/.25 of L in {512, 1024, 2048}, P = L / 4; a (2, 2) tree
+     .5/.5 at L = 4096, P = 1024 (remat: flat rows' scores would not fit in RAM); i.i.d.
+     G = 4 at L = 2048, P = 512; packed attention 'paths' against 'blocks'.
+
+Each packed layout runs once per `--attention` mode (`trees.packing.ATTENTION`). The
+`dense` column is flat rows' teacher-forced tokens over the packed row's slots (the
+saving in dense-layer FLOPs, 1 - 1/dense), `kept` the share of that saving the step
+keeps: (1 - t_packed / t_flat) / (1 - T_packed / T_flat); `pairs` the block size, the
+block pairs computed and all lower-triangular pairs ('blocks'), or what 'auto' chose.
 Absolute times depend on the machine; compare the ratios of one run.
 """
 
@@ -89,26 +100,60 @@ def cases(which):
   if 'd' in which:  # (chains, forks, fork turn, K, A, O)
     for p in (64, 256):
       out.append((f'd agent 4x4 fork@2 K=8 P={p}', 'agent', (4, 4, 2, 8, 8, 24), p, 8 * 32))
+  if 'e' in which:
+    for l in (512, 1024, 2048):
+      out.append((f'e tree (2,2,2) .5/.25/.25 L={l}', 'tree', ((2, 2, 2), (.5, .25, .25)),
+                  l // 4, l))
+    out.append(('e tree (2,2) .5/.5 L=4096', 'tree', ((2, 2), (.5, .5)), 1024, 4096))
+    out.append(('e iid G=4 L=2048', 'iid', 4, 512, 2048))
+  return out
+
+
+LONG_CFG = dict(d_model=64, num_heads=2, num_layers=2, d_ff=168)
+
+
+def layouts(attention):
+  """(packing mode, packed attention) per timed layout; flat rows first (the baseline)."""
+  out = [('none', None)]
+  for mode in ('prompt', 'tree'):
+    out += [(mode, a) for a in attention]
   return out
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--model', default='toy', choices=('toy', 'smollm2'))
-  parser.add_argument('--groups', type=int, default=8, help='B, groups (prompts) per step')
-  parser.add_argument('--repeats', type=int, default=5)
-  parser.add_argument('--cases', default='a,b,c,d')
+  parser.add_argument('--groups', type=int, default=None,
+                      help='B, groups (prompts) per step (8; --long: 1)')
+  parser.add_argument('--repeats', type=int, default=None, help='timed steps (5; --long: 3)')
+  parser.add_argument('--cases', default=None, help='of a,b,c,d,e (a,b,c,d; --long: e)')
+  parser.add_argument('--attention', default='paths,auto',
+                      help=f'packed attention modes to time, of {",".join(packing.ATTENTION)}')
+  parser.add_argument('--long', action='store_true',
+                      help='responses of 512-4k tokens (case e), small d')
+  parser.add_argument('--layouts', default=None, help='packed layouts (prompt,tree; --long: tree)')
   args = parser.parse_args(argv)
+  attention = args.attention.split(',')
+  bad = [a for a in attention if a not in packing.ATTENTION]
+  if bad:
+    parser.error(f'unknown --attention {bad}; valid: {", ".join(packing.ATTENTION)}')
+  for key, short, long in (('cases', 'a,b,c,d', 'e'), ('groups', 8, 1), ('repeats', 5, 3),
+                           ('layouts', 'prompt,tree', 'tree')):
+    if getattr(args, key) is None:
+      setattr(args, key, long if args.long else short)
+  todo = [(m, a) for m, a in layouts(attention) if m == 'none' or m in args.layouts.split(',')]
 
   rng = np.random.default_rng(0)
   b = args.groups
-  print(f'jax {jax.__version__} on {jax.devices()[0].platform}, model {args.model}, B={b}')
-  print(f'{"case":34} {"layout":7} {"T":>5} {"shared":>7} {"tok/s":>9} {"x flat":>7} '
-        f'{"temp MiB":>9}')
+  print(f'jax {jax.__version__} on {jax.devices()[0].platform}, model {args.model}, B={b}'
+        + (f', {LONG_CFG}' if args.long else ''))
+  print(f'{"case":34} {"layout":14} {"T":>5} {"shared":>7} {"tok/s":>9} {"x flat":>7} '
+        f'{"dense":>6} {"kept":>6} {"pairs":>13} {"temp MiB":>9}')
   pretrained = None
   for name, kind, gspec, p, l in cases(args.cases):
     if args.model == 'toy':
-      cfg = decoder.PolicyConfig(vocab_size=16, max_len=p + l)
+      cfg = decoder.PolicyConfig(vocab_size=16, max_len=p + l, remat=p + l > 4096,
+                                 **(LONG_CFG if args.long else {}))
       params = decoder.init_params(jax.random.PRNGKey(0), cfg)
       vocab = 16
     else:
@@ -137,14 +182,21 @@ def main(argv=None):
     base = None
     lc = ts.LossConfig(num_minibatches=1)
     tx = ts.make_optimizer(1e-4)
-    for layout in ('none', 'prompt', 'tree'):
+    flat_len = g * (p + l - 1)  # teacher-forced tokens of the flat rows, per group
+    for layout, attn in todo:
       pk = None
       t_len = g * (p + l)  # flat: tokens per group
+      pairs = ''
       if layout != 'none':
         node = packing.node_ids(jnp.asarray(tok), jnp.asarray(mask), layout)
         req = packing.required_len(prompts, tok, mask, layout, node=node)
         t_len = packing.bucket_len(req, p, g, l)
-        pk = packing.pack(prompts, tok, mask, pack_len=t_len, mode=layout, node=node)
+        pk = packing.pack(prompts, tok, mask, pack_len=t_len, mode=layout, node=node,
+                          attention=attn)
+        if pk.attention == 'blocks':  # block size: pairs used / all lower-triangular pairs
+          pairs = f'{pk.block}:{pk.num_pairs}/{pk.num_blocks * (pk.num_blocks + 1) // 2}'
+        elif attn == 'auto':
+          pairs = pk.attention
       batch = ts.batch_from_samples(jnp.asarray(prompts), jnp.asarray(tok), jnp.asarray(loss_mask),
                                     jnp.asarray(adv), jnp.asarray(old), packing=pk)
       state = ts.init_state(jax.tree.map(jnp.copy, params), tx)
@@ -156,9 +208,11 @@ def main(argv=None):
       sec = median_time(lambda: compiled(state, batch), args.repeats)
       tps = b * g * l / sec
       base = tps if layout == 'none' else base
-      print(f'{name:34} {layout:7} {t_len:>5} '
-            f'{shared:>7.0%} {tps:>9.0f} {tps / base:>7.2f} {temp:>9.1f}', flush=True)
-
+      dense = flat_len / t_len if layout != 'none' else 1.0
+      kept = (1 - base / tps) / (1 - 1 / dense) if dense > 1 else float('nan')
+      label = layout if attn is None else f'{layout}/{attn}'
+      print(f'{name:34} {label:14} {t_len:>5} {shared:>7.0%} {tps:>9.0f} {tps / base:>7.2f} '
+            f'{dense:>6.2f} {kept:>6.2f} {pairs:>13} {temp:>9.1f}', flush=True)
 
 if __name__ == '__main__':
   main()

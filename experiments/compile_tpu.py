@@ -16,7 +16,8 @@ prints "does not fit", the largest arrays and a mesh estimated to fit, and exits
 status 1.
 
 --model: a built-in shape (toy, smollm2-135m, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b) or a
-Hugging Face config.json (file or directory).
+Hugging Face config.json (file or directory). The mesh is ('data', 'fsdp', 'model') with
+--fsdp and --model_axis (tensor parallelism; default 1), data the remaining devices.
 """
 
 import argparse
@@ -41,6 +42,10 @@ def main(argv=None) -> 'aot.Result':
   ap.add_argument('--num_forks', type=int, default=1, help='tree_entropy only')
   ap.add_argument('--num_continuations', type=int, default=1, help='tree_entropy only')
   ap.add_argument('--fsdp', type=int, default=1, help="size of the mesh's 'fsdp' axis")
+  ap.add_argument('--model_axis', type=int, default=1,
+                  help="size of the mesh's 'model' axis (tensor parallelism: heads, kv heads, "
+                       "MLP width and vocabulary split; it must divide them); data = devices / "
+                       "(fsdp * model_axis)")
   ap.add_argument('--micro_batches', type=int, default=1)
   ap.add_argument('--minibatches', type=int, default=1)
   ap.add_argument('--epochs', type=int, default=1)
@@ -73,6 +78,7 @@ def main(argv=None) -> 'aot.Result':
       rows=a.rows, group_size=a.group_size, prompt_len=a.prompt_len,
       response_len=a.response_len, sampler=a.sampler, num_chains=a.num_chains,
       num_forks=a.num_forks, num_continuations=a.num_continuations, fsdp=a.fsdp,
+      model=a.model_axis,
       micro_batches=a.micro_batches, minibatches=a.minibatches, epochs=a.epochs,
       packing=a.packing, pack_len=a.pack_len, pack_attention=a.pack_attention,
       ref=not a.no_ref, ref_sharding=a.ref_sharding, credit=a.credit,

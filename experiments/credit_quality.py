@@ -18,7 +18,15 @@ advantages with A* over all response tokens:
 
 The rollouts carry logprobs = old_logprobs = ref_logprobs = log π_ref, so every KL
 term is 0; values, token_rewards and tree are None (estimators use the prefix tree
-of the tokens). An estimator that raises ValueError/TypeError (a missing field,
+of the tokens). The optional inputs of the reweighting estimators are exact:
+`entropy` is the entropy of the tabular policy's next-token distribution at each
+position (0 at the final EOS, which is certain); `context_logprobs` are the sampled
+tokens' log-probs under the next prompt's key (the loop's default changed context: the
+prompts rolled by one); `prompt_logprobs` are the prompt tokens' log-probs under the
+task's own prompt distribution (uniform decisive positions and key symbols; the tabular
+policy has no prompt model). Saliency is left None (a tabular policy has no input
+embeddings; `grail` is skipped). A stateful estimator is scored with its initial state
+(`credit.init_state`). An estimator that raises ValueError/TypeError (a missing field,
 e.g. gae without critic values) is skipped. It measures; it does not tune.
 Writes credit_quality.json and credit_quality.png into --workdir.
 """
@@ -31,6 +39,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
@@ -42,7 +51,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 METRICS = ("corr", "mse", "sign")
 ROLLOUT_NOTE = ("logprobs = old_logprobs = ref_logprobs = log π_ref (KL terms are 0); "
-                "values, token_rewards, tree = None (prefix tree of the tokens)")
+                "values, token_rewards, tree, saliency = None (prefix tree of the tokens); "
+                "entropy, context_logprobs (next prompt's key), prompt_logprobs exact; "
+                "stateful estimators at their initial state")
 
 
 def credit_metrics(adv, true_adv, mask, decisive) -> dict:
@@ -75,24 +86,56 @@ def _sample_info(task, key, n):
   return task.sample(key, n)[1]
 
 
+def _policy_entropy(task, info, shape):
+  """float32 [B, G, L]: entropy of the tabular policy at each response position (the
+  final EOS is certain: 0)."""
+  logp = task.policy_logits(info)  # [B, D, K] log-probabilities
+  p = jnp.exp(logp)
+  ent = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)  # 0·log 0 = 0
+  ent = jnp.concatenate([ent, jnp.zeros(ent.shape[:-1] + (1,), ent.dtype)], axis=-1)
+  return jnp.broadcast_to(ent[:, None], shape).astype(jnp.float32)
+
+
+def _prompt_log_probs(task, info):
+  """float32 [B, P]: log-prob of each prompt token given the ones before it under the
+  task's prompt distribution (m decisive positions uniformly, each showing a uniform key
+  symbol, '?' elsewhere); 0 on the first token (the `Rollouts.prompt_logprobs` convention)."""
+  decisive = info["decisive"]
+  d, m = task.depth, task.num_decisive
+  before = jnp.cumsum(decisive, axis=-1) - decisive  # decisive positions before t
+  p_dec = (m - before) / (d - jnp.arange(d))
+  lp = jnp.where(decisive, jnp.log(p_dec) - jnp.log(task.num_symbols), jnp.log1p(-p_dec))
+  return lp.at[:, 0].set(0.0).astype(jnp.float32)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _rollouts(task, key, info, group_size):
   """G reference-policy responses per prompt and their exact advantages.
 
   Returns tokens int32 [B, G, L], mask bool [B, G, L], rewards float32 [B, G],
-  logprobs float32 [B, G, L] and true advantages float32 [B, G, L] (L = R).
+  logprobs float32 [B, G, L], true advantages float32 [B, G, L] (L = R), and the
+  optional inputs {entropy [B, G, L], context_logprobs [B, G, L], prompt_logprobs [B, P]}.
   """
   tokens, mask = task.sample_policy(key, info, group_size)
   group_info = jax.tree.map(lambda x: x[:, None], info)  # [B, 1, D]: broadcasts over G
   rewards = task.reward(None, tokens, mask, group_info)
   values = task.state_values(info, tokens)  # [B, G, L+1]
   true_adv = values[..., 1:] - values[..., :-1]
-  return tokens, mask, rewards, task.policy_log_probs(info, tokens), true_adv
+  next_prompt = jax.tree.map(lambda x: jnp.roll(x, -1, axis=0), info)  # the loop's default
+  extra = {"entropy": _policy_entropy(task, info, tokens.shape),
+           "context_logprobs": task.policy_log_probs(next_prompt, tokens),
+           "prompt_logprobs": _prompt_log_probs(task, info)}
+  return tokens, mask, rewards, task.policy_log_probs(info, tokens), true_adv, extra
 
 
 @functools.cache
 def _jitted(name):
   return jax.jit(credit.get(name))
+
+
+def _initial_state(name):
+  """`credit.init_state(name)` for a registered stateful estimator, else None."""
+  return credit.init_state(name) if name in credit.names() and credit.stateful(name) else None
 
 
 def prompts_for(group_size: int, num_prompts: int, max_responses: int | None) -> int:
@@ -120,10 +163,10 @@ def measure(task, estimators, group_sizes, num_prompts, seed, max_responses=None
   for g in group_sizes:
     b = sizes[g]
     sub = jax.tree.map(lambda x: x[:b], info)
-    tokens, mask, rewards, logp, true_adv = _rollouts(
+    tokens, mask, rewards, logp, true_adv, extra = _rollouts(
         task, jax.random.fold_in(key_responses, g), sub, g)
     rollouts = credit.Rollouts(tokens, mask, rewards, logprobs=logp, old_logprobs=logp,
-                               ref_logprobs=logp)
+                               ref_logprobs=logp, **extra)
     decisive = np.pad(np.asarray(sub["decisive"]), ((0, 0), (0, 1)))[:, None]  # [B, 1, L]
     r, t, m = np.asarray(rewards), np.asarray(true_adv, np.float64), np.asarray(mask)
     groups[g] = {"num_prompts": b, "tokens": int(m.sum()),
@@ -133,7 +176,7 @@ def measure(task, estimators, group_sizes, num_prompts, seed, max_responses=None
     for name in estimators:
       start = time.perf_counter()
       try:
-        adv = np.asarray(_jitted(name)(rollouts))
+        adv = np.asarray(_jitted(name)(rollouts.replace(credit_state=_initial_state(name))))
       except (ValueError, TypeError) as e:
         lines = str(e).strip().splitlines() or [""]
         errors.setdefault(name, {})[g] = f"{type(e).__name__}: {lines[0]}"

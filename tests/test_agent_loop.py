@@ -140,7 +140,8 @@ def test_packed_logprobs_of_trajectories_equal_flat_rows(house_policy):
   np.testing.assert_allclose(np.where(s.policy_mask, flat, 0.0), s.logprobs, atol=1e-4)
 
 
-def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy):
+@pytest.mark.parametrize('attention', ['paths', 'blocks'])
+def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy, attention):
   """Issue 21 item 5: forked multi-turn groups (shared turns before the fork, actions
   and observations interleaved, the loss on policy tokens only) through the packed
   update step: loss, metrics, gradients and updated params equal the flat rows'."""
@@ -148,7 +149,9 @@ def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy):
   params, pcfg = house_policy
   ep = ags.fork_episodes(params, pcfg, HOUSE, KEY, 2, 2, 2, 2)
   prompts, s = agent_rollouts.split_prompt(ep, HOUSE)
-  packed = loop.pack_groups(agents_config.get_config().train, prompts, s)
+  tcfg = agents_config.get_config().train
+  tcfg.pack_attention = attention
+  packed = loop.pack_groups(tcfg, prompts, s)
   flat_slots = s.tokens.shape[1] * s.tokens.shape[2]
   assert int(packed.num_slots.max()) - prompts.shape[1] < flat_slots  # the forks' turns shared
   rng = np.random.default_rng(0)
@@ -172,8 +175,12 @@ def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   for k in m_f:
     np.testing.assert_allclose(m_p[k], m_f[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  # One Adam step at lr 1e-2: Adam's normalisation magnifies the gradients' last-bit
+  # differences where a gradient is ~0; 'blocks' sums the softmax in another order than
+  # flat rows ('paths' reproduces their order), so its bound is 1 % of the step.
+  atol = 1e-5 if attention == 'paths' else 1e-4
   for a, b in zip(jax.tree.leaves(p_p), jax.tree.leaves(p_f)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol)
 
 
 # --------------------------------------------------------------------------- IGPO

@@ -118,6 +118,13 @@ def test_config_errors_list_valid_choices():
     loop.parse_methods('tempo:iid,ppo:iid')
   with pytest.raises(ValueError, match='unknown sampler.*tree_entropy'):
     loop.parse_methods('tempo:beam')
+  # 'credit:sampler[:policy loss]': the loss part sets loss.policy_loss for that method only.
+  assert loop.parse_methods('grpo,grpo:iid:apa') == [('grpo', 'iid', ''), ('grpo', 'iid', 'apa')]
+  assert loop.method_name('grpo', 'iid', 'apa') == 'grpo:iid:apa'
+  assert loop.with_method(cfg, 'grpo:iid:apa').loss.policy_loss == 'apa'
+  assert loop.with_method(cfg, 'grpo:iid').loss.policy_loss == cfg.loss.policy_loss == 'clip'
+  with pytest.raises(ValueError, match="unknown policy loss 'ppo2'.*rgra"):
+    loop.parse_methods('grpo:iid:ppo2')
   bad = cfg.copy_and_resolve_references()
   bad.task.name = 'chess'
   with pytest.raises(ValueError, match='unknown task.*addition'):
@@ -154,9 +161,9 @@ def test_paper_configs_compare_with_grpo_on_the_same_budget(paper):
   cfg = importlib.import_module(f'configs.{paper}').get_config()
   loop.check_config(cfg)
   methods = loop.parse_methods(cfg.methods)
-  assert ('grpo', 'iid') in methods
-  assert set(PAPERS[paper]) <= {name for name, _ in methods}
-  sizes = {loop.group_size(loop.with_method(cfg, f'{c}:{s}').sampler) for c, s in methods}
+  assert ('grpo', 'iid', '') in methods
+  assert set(PAPERS[paper]) <= {name for name, _, _ in methods}
+  sizes = {loop.group_size(loop.with_method(cfg, loop.method_name(*m)).sampler) for m in methods}
   assert sizes == {8}
   script = importlib.import_module(f'experiments.{paper}')
   assert 'compare' in script.main.__module__

@@ -20,7 +20,20 @@ path[g, s] is the slot holding position s of prompt + response g (prompt slot s
 for s < p, response token s - p after; entries past the response are unused).
 `source[i] = rep(i) * S + positions[i]` names one response through slot i, so
 attention can run along the G paths and be read back per slot (see
-`experiments.models.decoder`), or as a dense [T, T] mask (`ancestor_mask`).
+`experiments.models.decoder`), as a dense [T, T] mask (`ancestor_mask`), or over
+blocks of slots (`block_pairs`, `block_mask`; attention 'blocks').
+
+Block-sparse attention ('blocks'). Slots are cut into blocks of `block` slots.
+Ancestors sit in lower slots (node ids grow along every path), so key block kb
+<= query block qb. Key j is an ancestor-or-self of query i iff j lies on path
+g_i = source[i] // S at a position <= positions[i] (path[g_i, positions[j]] == j),
+which gives the exact mask inside a block pair. A pair (qb, kb) is needed iff
+for some response g, the lowest position of a key of kb on path g is <= the
+highest position of a query of qb whose g_i = g (each qb also keeps its
+diagonal pair, so every row sees itself). The needed pairs of a group, sorted by
+(qb, kb), fill a static list of `num_pairs` entries (the host's bucketed maximum
+over the groups, see `pair_bucket`), so attention costs num_pairs * block^2 per
+group: slots x ancestors, not G * S^2.
 
 The next-token distribution that scores response token t sits at its parent's
 slot (the last prompt slot p - 1 for t = 0). Logits are computed on U' = T - P + 1
@@ -30,6 +43,7 @@ the row that scores token t of response g.
 Everything is [B, ...] over groups, static in (B, G, L, P, T), and jittable.
 """
 
+import dataclasses
 import functools
 
 import flax
@@ -40,7 +54,36 @@ import numpy as np
 from trees import prefix_tree
 
 MODES = ('tree', 'prompt')
-ATTENTION = ('paths', 'mask')
+# What `pack` (and `train.pack_attention`) takes; 'auto' resolves to 'blocks' or 'paths'.
+ATTENTION = ('paths', 'mask', 'blocks', 'auto')
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockCosts:
+  """How `pack` picks the attention of a batch on one backend: each candidate block size
+  costs num_pairs * (block^2 + overhead * block) (scores, plus per-pair gathers and
+  segment sums), 'paths' G * S^2 * paths_weight per group; 'auto' takes the cheapest,
+  'blocks' the cheapest block. `default` is the block when nothing is known (traced
+  inputs): the power of two >= T / 8, clamped to `default`."""
+  blocks: tuple
+  overhead: float
+  paths_weight: float
+  default: tuple
+
+
+# CPU: fitted on 2 cores (d 128, Dh 32, fwd + bwd; `experiments.bench_train`): per score,
+# 'paths' (dense causal tiles) runs ~2x cheaper than 32 x 32 pair tiles. TPU: the MXU's
+# 128 x 128 tile, FLOP-bound; GPU: tensor-core tiles (not measured here).
+BLOCK_COSTS = dict(
+    cpu=BlockCosts(blocks=(16, 32, 64, 128), overhead=64, paths_weight=2.0, default=(16, 64)),
+    gpu=BlockCosts(blocks=(64, 128), overhead=0, paths_weight=1.0, default=(64, 128)),
+    tpu=BlockCosts(blocks=(128,), overhead=0, paths_weight=1.0, default=(128, 128)))
+BLOCK_COSTS.update(cuda=BLOCK_COSTS['gpu'], rocm=BLOCK_COSTS['gpu'])
+
+
+def block_costs(backend=None) -> BlockCosts:
+  """`BLOCK_COSTS` of `backend` (default: JAX's default backend; unknown ones as TPU)."""
+  return BLOCK_COSTS.get(backend or jax.default_backend(), BLOCK_COSTS['tpu'])
 
 
 @flax.struct.dataclass
@@ -56,8 +99,13 @@ class Packing:
     prompt_len: int32 [B], true prompt lengths p.
     num_slots: int32 [B], used slots P + U.
     num_prompt_slots: static P.
-    attention: static 'paths' (attend along each response's path) or 'mask' (dense
-      [T, T] `ancestor_mask`); both exact, see `experiments.models.decoder`.
+    attention: static 'paths' (attend along each response's path), 'mask' (dense
+      [T, T] `ancestor_mask`) or 'blocks' (block-sparse ancestor attention over
+      `num_pairs` block pairs of `block` slots); all exact, see
+      `experiments.models.decoder`.
+    block: static slots per attention block ('blocks'; 0 otherwise).
+    num_pairs: static block pairs per group ('blocks'); 0 = every lower-triangular pair
+      (always enough: what a pack built from traced arrays uses).
   """
   tokens: jax.Array
   positions: jax.Array
@@ -68,10 +116,23 @@ class Packing:
   num_slots: jax.Array
   num_prompt_slots: int = flax.struct.field(pytree_node=False, default=0)
   attention: str = flax.struct.field(pytree_node=False, default='paths')
+  block: int = flax.struct.field(pytree_node=False, default=0)
+  num_pairs: int = flax.struct.field(pytree_node=False, default=0)
 
   @property
   def pack_len(self) -> int:
     return self.tokens.shape[-1]
+
+  @property
+  def num_blocks(self) -> int:
+    """Query / key blocks per row ('blocks'): ceil(T / block)."""
+    return -(-self.pack_len // self.block) if self.block else 0
+
+  @property
+  def pair_capacity(self) -> int:
+    """Static length of the block-pair list ('blocks')."""
+    nb = self.num_blocks
+    return self.num_pairs or nb * (nb + 1) // 2
 
 
 def node_ids(tokens, mask, mode: str = 'tree'):
@@ -232,7 +293,8 @@ def check_inputs(prompts, tokens, mask, prompt_len=None, *, pack_len: int, node=
 
 
 def pack(prompts, tokens, mask, prompt_len=None, *, pack_len: int, mode: str = 'tree',
-         node=None, attention: str = 'paths') -> Packing:
+         node=None, attention: str = 'paths', block: int = 0, num_pairs: int = 0,
+         backend=None) -> Packing:
   """Packs B groups into rows of `pack_len` slots (see the module docstring).
 
   Args:
@@ -243,21 +305,38 @@ def pack(prompts, tokens, mask, prompt_len=None, *, pack_len: int, mode: str = '
       `required_len` / `bucket_len`.
     mode: 'tree' (merge shared prefixes) or 'prompt' (share only the prompt).
     node: optional precomputed `node_ids` [B, G, L].
-    attention: 'paths' or 'mask' (see `Packing`).
+    attention: 'paths', 'mask', 'blocks' (see `Packing`) or 'auto': 'blocks' or
+      'paths', whichever `block_costs(backend)` rates cheaper for this batch ('paths'
+      for traced inputs, whose pair counts are unknown).
+    block: 'blocks' / 'auto': slots per block; 0 = the cheapest of the backend's
+      candidates (concrete inputs) or `default_block(pack_len)` (traced).
+    num_pairs: 'blocks' with a given block: static block pairs per group; 0 = the
+      largest group's count rounded up by `pair_bucket` (concrete inputs) or every
+      lower-triangular pair (traced inputs).
+    backend: whose `block_costs` to use (default: JAX's default backend).
   Raises:
-    ValueError: a malformed input (`check_inputs`), or a group that does not fit in
-      pack_len (values checked when concrete).
+    ValueError: a malformed input (`check_inputs`), a group that does not fit in
+      pack_len or in num_pairs (values checked when concrete), a bad block / num_pairs.
   """
   check_inputs(prompts, tokens, mask, prompt_len, pack_len=pack_len, node=node)
   prompts, tokens, mask = jnp.asarray(prompts), jnp.asarray(tokens), jnp.asarray(mask)
   b, p = prompts.shape
   if attention not in ATTENTION:
     raise ValueError(f"unknown packed attention {attention!r}; valid: {', '.join(ATTENTION)}.")
+  for name, x in (('block', block), ('num_pairs', num_pairs)):
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0:
+      raise ValueError(f'{name} must be a (static) int >= 0; got {x!r}.')
+  if attention not in ('blocks', 'auto') and (block or num_pairs):
+    raise ValueError(f'block / num_pairs are for attention "blocks" or "auto", not '
+                     f'{attention!r}.')
+  if num_pairs and not block:
+    raise ValueError('num_pairs needs an explicit block (the count depends on it).')
   g, l = tokens.shape[1:]
   if node is None:
     node = node_ids(tokens, mask, mode)
   plen = jnp.full((b,), p, jnp.int32) if prompt_len is None else jnp.asarray(prompt_len, jnp.int32)
-  if _concrete(node):
+  concrete = _concrete(node)
+  if concrete:
     need = p + int(np.max(np.asarray(num_unique(node, 1 + g * l))))
     if need > pack_len:
       raise ValueError(f'a group needs {need} packed slots (prompt {p} + its unique response '
@@ -265,8 +344,53 @@ def pack(prompts, tokens, mask, prompt_len=None, *, pack_len: int, mode: str = '
                        f'to 0 for automatic buckets), or use packing "none".')
   toks, pos, path, source, logit_row, num_slots = _pack_all(prompts, plen, tokens, mask, node,
                                                             pack_len=pack_len)
-  return Packing(tokens=toks, positions=pos, path=path, source=source, logit_row=logit_row,
-                 prompt_len=plen, num_slots=num_slots, num_prompt_slots=p, attention=attention)
+  pk = Packing(tokens=toks, positions=pos, path=path, source=source, logit_row=logit_row,
+               prompt_len=plen, num_slots=num_slots, num_prompt_slots=p,
+               attention='paths' if attention == 'auto' else attention)
+  if attention in ('paths', 'mask') or (attention == 'auto' and not concrete):
+    return pk
+  costs = block_costs(backend)
+  candidates = (block,) if block else costs.blocks if concrete else (
+      default_block(pack_len, backend),)
+  best = None
+  for bk in candidates:
+    pb = pk.replace(attention='blocks', block=int(bk))
+    nb = pb.num_blocks
+    full = nb * (nb + 1) // 2
+    if num_pairs > full:
+      raise ValueError(f'num_pairs {num_pairs} exceeds the {full} lower-triangular pairs of '
+                       f'{nb} blocks.')
+    m = num_pairs or full
+    if concrete:
+      count = int(np.max(np.asarray(block_pair_count(pb))))
+      if num_pairs and count > num_pairs:
+        raise ValueError(f'a group needs {count} attention block pairs but num_pairs is '
+                         f'{num_pairs}; pass num_pairs=0 for the bucketed count.')
+      m = num_pairs or pair_bucket(count, nb)
+    cost = m * (bk * bk + costs.overhead * bk)
+    if best is None or cost < best[0]:
+      best = (cost, pb.replace(num_pairs=int(m)))
+  if attention == 'auto' and best[0] >= costs.paths_weight * g * (p + l) ** 2:
+    return pk
+  return best[1]
+
+
+def default_block(pack_len: int, backend=None) -> int:
+  """Slots per attention block ('blocks') for rows of `pack_len` slots when the counts are
+  unknown: the power of two >= pack_len / 8, clamped to `block_costs(backend).default`."""
+  low, high = block_costs(backend).default
+  return int(min(high, max(low, 1 << max(0, -(-pack_len // 8) - 1).bit_length())))
+
+
+def pair_bucket(count: int, num_blocks: int) -> int:
+  """`count` block pairs rounded up to a bucket: multiples of 2^(floor(log2 count) - 3),
+  so at most 8 lengths per doubling, at most 12.5 % extra pairs, and at most every
+  lower-triangular pair of `num_blocks` blocks."""
+  full = num_blocks * (num_blocks + 1) // 2
+  if count < 1:
+    raise ValueError(f'a packing has at least one block pair per block; got {count}.')
+  step = max(1, 2 ** (int(count).bit_length() - 4))
+  return min(full, -(-int(count) // step) * step)
 
 
 @jax.jit
@@ -286,3 +410,134 @@ def ancestor_mask(packing: Packing):
   p = packing.num_prompt_slots
   valid = (j < packing.prompt_len[:, None]) | ((j >= p) & (j < packing.num_slots[:, None]))
   return (mask & valid[:, :, None]) | jnp.eye(t, dtype=bool)[None]
+
+
+def _valid_slots(packing: Packing):
+  """bool [B, T]: slots on some path (the true prompt and the used response slots)."""
+  j = jnp.arange(packing.pack_len)[None]
+  p = packing.num_prompt_slots
+  return (j < packing.prompt_len[:, None]) | ((j >= p) & (j < packing.num_slots[:, None]))
+
+
+def _check_blocks(packing: Packing):
+  if packing.attention != 'blocks' or packing.block < 1:
+    raise ValueError(f'block attention needs a packing with attention "blocks" and a block '
+                     f'size (`pack(attention="blocks")`); got attention {packing.attention!r}, '
+                     f'block {packing.block}.')
+
+
+@jax.jit
+def block_needed(packing: Packing):
+  """bool [B, nb, nb]: block pair (qb, kb) holds some (query, ancestor-or-self key), or
+  qb == kb. Exact at the block level (see the module docstring)."""
+  _check_blocks(packing)
+  b, t = packing.tokens.shape
+  g, s_len = packing.path.shape[1:]
+  bk, nb = packing.block, packing.num_blocks
+  pos, valid = packing.positions, _valid_slots(packing)
+  big = jnp.iinfo(jnp.int32).max
+  key_pos = jnp.where(_on_path(packing), pos[:, None], big)  # [B, G, T]
+  key_pos = jnp.pad(key_pos, ((0, 0), (0, 0), (0, nb * bk - t)), constant_values=big)
+  min_key = key_pos.reshape(b, g, nb, bk).min(-1)  # [B, G, nb]
+  rep = packing.source // s_len  # [B, T]
+  max_q = jnp.full((b, g, nb), -1, jnp.int32).at[
+      jnp.arange(b)[:, None], rep, jnp.arange(t)[None] // bk].max(jnp.where(valid, pos, -1))
+
+  def one(acc, mg):  # one response at a time: [B, nb, nb] live, not [B, G, nb, nb]
+    mq, mk = mg
+    return acc | (mq[:, :, None] >= mk[:, None, :]), None
+  needed, _ = jax.lax.scan(one, jnp.zeros((b, nb, nb), bool),
+                           (jnp.moveaxis(max_q, 1, 0), jnp.moveaxis(min_key, 1, 0)))
+  return needed | jnp.eye(nb, dtype=bool)[None]
+
+
+@jax.jit
+def block_pair_count(packing: Packing):
+  """int32 [B]: the block pairs each group needs (`block_needed`)."""
+  return jnp.sum(block_needed(packing), axis=(1, 2), dtype=jnp.int32)
+
+
+@jax.jit
+def block_pairs(packing: Packing):
+  """(qb, kb, count): int32 [B, M] query and key blocks of each group's needed pairs,
+  sorted by (qb, kb), M = `packing.pair_capacity`; unused entries are (nb, 0), a
+  segment the attention drops. count int32 [B] is the number needed: a group with
+  count > M does not fit (its pairs past M are missing)."""
+  needed = block_needed(packing)
+  b, nb = needed.shape[:2]
+  flat = needed.reshape(b, nb * nb)
+  idx = jax.vmap(lambda f: jnp.nonzero(f, size=packing.pair_capacity, fill_value=nb * nb)[0])(
+      flat)
+  return ((idx // nb).astype(jnp.int32), (idx % nb).astype(jnp.int32),
+          jnp.sum(flat, axis=-1, dtype=jnp.int32))
+
+
+def _on_path(packing: Packing):
+  """bool [B, G, T]: slot j lies on response g's path (and on some path at all)."""
+  b, t = packing.tokens.shape
+  g = packing.path.shape[1]
+  pos = jnp.broadcast_to(packing.positions[:, None], (b, g, t))
+  on = jnp.take_along_axis(packing.path, pos, axis=2) == jnp.arange(t)
+  return on & _valid_slots(packing)[:, None]
+
+
+def _blocks_of(x, nb: int, bk: int, axis: int = 1):
+  """x [B, ..., T, ...] padded with zeros to nb * bk along `axis` and split in blocks."""
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, nb * bk - x.shape[axis])
+  x = jnp.pad(x, pad)
+  return x.reshape(x.shape[:axis] + (nb, bk) + x.shape[axis + 1:])
+
+
+@jax.jit
+def block_mask(packing: Packing, qb, kb):
+  """bool [B, M, block, block]: query slot qb * block + a attends to key slot kb * block + c
+  (ancestor-or-self; slots past T and off every path see only themselves).
+
+  Each key slot carries a bitset of the responses through it (W = ceil(G / 32) words);
+  query i tests bit g_i = source[i] // S, so the mask costs elementwise work, no gathers
+  per (query, key)."""
+  _check_blocks(packing)
+  b, t = packing.tokens.shape
+  g, s_len = packing.path.shape[1:]
+  bk, nb = packing.block, packing.num_blocks
+  words = -(-g // 32)
+  on = jnp.pad(_on_path(packing), ((0, 0), (0, 32 * words - g), (0, 0)))
+  bits = jnp.sum(on.reshape(b, words, 32, t).astype(jnp.uint32)
+                 << jnp.arange(32, dtype=jnp.uint32)[:, None], axis=2, dtype=jnp.uint32)
+  take = jax.vmap(lambda x, i: jnp.take(x, i, axis=0, mode='clip'))  # whole blocks
+  kbits = take(jnp.moveaxis(_blocks_of(bits, nb, bk, axis=2), 1, 3), kb)  # [B, M, bk, W]
+  rep = take(_blocks_of(packing.source // s_len, nb, bk), qb)  # [B, M, bk]
+  pos = _blocks_of(packing.positions, nb, bk)
+  pq, pk = take(pos, qb), take(pos, kb)
+  word = kbits[..., 0][..., None, :]
+  for w in range(1, words):  # each query's word of each key's bitset
+    word = jnp.where((rep // 32 == w)[..., :, None], kbits[..., w][..., None, :], word)
+  on_path = (word >> (rep % 32).astype(jnp.uint32)[..., :, None]) & 1
+  anc = (on_path == 1) & (pk[..., None, :] <= pq[..., :, None])
+  self_ = (qb == kb)[..., None, None] & jnp.eye(bk, dtype=bool)
+  return anc | self_
+
+
+def iid_block_pairs(prompt_len: int, group_size: int, response_len: int, block: int,
+                    pack_len: int = 0) -> int:
+  """Block pairs ('blocks') of a group with nothing shared past the prompt: P prompt
+  slots, then G responses of L slots each (the layout of `pack` for i.i.d. groups of
+  full-length responses; host numpy, for analytic FLOPs). pack_len: T (0 = P + G * L)."""
+  p, g, l = prompt_len, group_size, response_len
+  t = pack_len or p + g * l
+  if min(p, g, l, block) < 1 or t < p + g * l:
+    raise ValueError(f'need P, G, L, block >= 1 and pack_len >= P + G * L; got P={p}, G={g}, '
+                     f'L={l}, block={block}, pack_len={t}.')
+  nb = -(-t // block)
+  lo = np.arange(nb) * block  # first slot of each block
+  hi = np.minimum(lo + block, p + g * l) - 1  # last used slot (< lo: none)
+  resp = lambda s: (s - p) // l  # response of a response slot
+  r_lo = np.where(lo >= p, resp(np.maximum(lo, p)), 0)  # responses a block overlaps
+  r_hi = np.where(hi >= p, resp(np.maximum(hi, p)), -1)
+  used = hi >= lo
+  qb, kb = np.tril_indices(nb)
+  prompt_key = lo[kb] < p  # a prompt key precedes every query of a later block
+  same = np.maximum(r_lo[qb], r_lo[kb]) <= np.minimum(r_hi[qb], r_hi[kb])
+  needed = used[qb] & (prompt_key | same)
+  return int(np.sum(needed | (qb == kb)))

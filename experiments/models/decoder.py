@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from trees import packing as packing_lib
 
@@ -106,6 +107,84 @@ def init_cache(cfg: PolicyConfig, batch_size: int) -> KVCache:
   """Zero cache for `batch_size` rows: [num_layers, B, max_len, K, Dh]."""
   shape = (cfg.num_layers, batch_size, cfg.max_len, cfg.kv_heads, cfg.head_dim)
   return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype))
+
+
+# How activations are laid out on the loop's mesh ('data', 'fsdp', 'model';
+# `train_step.make_mesh`), as logical axis -> mesh axes (MaxText style): rows over
+# ('data', 'fsdp') where they divide (fsdp: each device runs its rows with gathered
+# weights), and with a 'model' axis > 1 Megatron's column / row splits: heads, the MLP
+# width and the vocabulary over 'model', the residual stream whole on every device.
+# `train_step.PARAM_AXES` places the parameters to match. Names not in the table are
+# left to the compiler.
+MODEL_AXIS = 'model'
+ROW_AXES = ('data', 'fsdp')
+ACTIVATION_RULES = {'rows': ROW_AXES, 'heads': MODEL_AXIS, 'kv_heads': MODEL_AXIS,
+                    'mlp': MODEL_AXIS, 'vocab': MODEL_AXIS, 'embed': None}
+
+
+def tensor_parallel_mesh(x):
+  """The (abstract) mesh `x` lives on if it has a 'model' axis > 1, else None."""
+  mesh = getattr(getattr(jax.typeof(x), 'sharding', None), 'mesh', None)
+  if mesh is None or mesh.empty or dict(mesh.shape).get(MODEL_AXIS, 1) == 1:
+    return None
+  return mesh
+
+
+def embed_lookup(table, tokens, dtype):
+  """Rows of an embedding table [V, D] at int tokens [...] -> [..., D] in `dtype`.
+
+  With the vocabulary split over a 'model' axis > 1 (`train_step.PARAM_AXES`), each
+  'model' shard looks the tokens up in its own vocabulary range (zeros elsewhere) and
+  one all-reduce over 'model' adds the parts (exact: one non-zero term), so the table
+  is never gathered over 'model'. Otherwise a plain lookup (`nn.Embed`'s).
+  """
+  mesh = tensor_parallel_mesh(table)
+  table = jnp.asarray(table, dtype)
+  if mesh is None:
+    return jnp.take(table, tokens, axis=0)
+  # Whole rows of this shard's vocabulary (gathered over 'fsdp', as any fsdp weight is
+  # before use), so the lookup's output follows the tokens' rows.
+  table = jax.lax.with_sharding_constraint(
+      table, NamedSharding(mesh, PartitionSpec(MODEL_AXIS, None)))
+
+  def local(part, tok):
+    v = part.shape[0]
+    idx = tok - jax.lax.axis_index(MODEL_AXIS) * v
+    hit = (idx >= 0) & (idx < v)
+    rows = jnp.take(part, jnp.clip(idx, 0, v - 1), axis=0)
+    return jax.lax.psum(jnp.where(hit[..., None], rows, jnp.zeros((), dtype)), MODEL_AXIS)
+
+  return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(MODEL_AXIS, None),
+                                                   PartitionSpec()),
+                       out_specs=PartitionSpec(), axis_names={MODEL_AXIS})(table, tokens)
+
+
+def constrain(x, axes: tuple):
+  """`x` laid out by the logical names `axes` (one per dimension, `ACTIVATION_RULES`;
+  None or a name not in it: left to the compiler, as is a dimension its mesh axes do
+  not divide), on a mesh of the loop's axes with more than one device; else x as is.
+  Placement only, values are unchanged.
+
+  The mesh is read from x's abstract value (arrays placed on a mesh carry it into
+  `jit`), so no mesh context is needed. Without it, an fsdp update whose rows came
+  through the shuffle's gather computed every row of a micro-batch on every device,
+  with activations split like the weights (measured with experiments/compile_tpu.py,
+  Llama-3.1-8B, 64 rows per micro-batch on a v5e-64: 25.3 GiB of temporaries per chip).
+  """
+  mesh = getattr(getattr(jax.typeof(x), 'sharding', None), 'mesh', None)
+  if (mesh is None or mesh.empty or mesh.size == 1
+      or not {MODEL_AXIS, *ROW_AXES} <= set(mesh.axis_names)):
+    return x
+  sizes = dict(mesh.shape)
+  spec = []
+  for n, name in zip(x.shape, axes):
+    target = ACTIVATION_RULES.get(name, PartitionSpec.UNCONSTRAINED)
+    if target is not None and target is not PartitionSpec.UNCONSTRAINED:
+      names = target if isinstance(target, tuple) else (target,)
+      if any(a not in sizes for a in names) or n % int(np.prod([sizes[a] for a in names])):
+        target = PartitionSpec.UNCONSTRAINED
+    spec.append(target)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
 
 ROPE_TYPES = ('default', 'linear', 'llama3')
@@ -181,6 +260,116 @@ def attention(q, keys, values, visible, cfg: 'PolicyConfig'):
   return attn.reshape(attn.shape[:2] + (cfg.num_heads, cfg.head_dim))
 
 
+def block_attention(q, k, v, pair_q, pair_k, mask, cfg: 'PolicyConfig'):
+  """Block-sparse softmax attention over a sorted list of block pairs.
+
+  q [B, T, H, Dh], k / v [B, T, K, Dh]; pair_q / pair_k int [B, M], the query and key
+  block of each pair, sorted by pair_q (entries with pair_q = nb = ceil(T / bk) are
+  unused); mask bool [B, M, bk, bk] (query, key) inside each pair. Every query block
+  must have a pair in which each of its rows sees a key (its diagonal pair).
+  Scores live only on the M pairs; the softmax runs per query row across its pairs
+  (segment max / sum over pair_q), so the cost is M * bk^2, not T^2. The backward pass
+  is written out (flash-attention style: dS = P * (dP - rowsum(dO * O))), which is
+  cheaper than differentiating the segment softmax. -> [B, T, H, Dh].
+  """
+  return _block_attention(q, k, v, pair_q, pair_k, mask, cfg)
+
+
+def _block_take(x, i):
+  """x [B, n, ...], i int [B, M] -> x[b, i[b, m]] [B, M, ...] (whole blocks; clipped)."""
+  return jax.vmap(lambda xb, ib: jnp.take(xb, ib, axis=0, mode='clip'))(x, i)
+
+
+def _block_sum(x, i, n: int, sorted_: bool):
+  """Segment sums over pairs: x [B, M, ...], i int [B, M] -> [B, n, ...] (ids >= n dropped)."""
+  return jax.vmap(functools.partial(jax.ops.segment_sum, num_segments=n,
+                                    indices_are_sorted=sorted_))(x, i)
+
+
+def _block_layout(x, bk: int, groups: int = 1):
+  """x [B, T, heads, Dh] -> blocks [B, nb, K, groups, bk, Dh] (heads = K * groups; zero
+  padded to nb * bk slots); groups = 1 drops that axis. Heads lead each block, so the
+  per-pair products are plain batched matmuls."""
+  b, t, h, dh = x.shape
+  nb = -(-t // bk)
+  x = jnp.pad(x, ((0, 0), (0, nb * bk - t), (0, 0), (0, 0)))
+  x = x.reshape(b, nb, bk, h // groups, groups, dh).transpose(0, 1, 3, 4, 2, 5)
+  return x if groups > 1 else x[:, :, :, 0]
+
+
+def _block_unlayout(x, t: int):
+  """[B, n >= nb, K, r, bk, Dh] -> [B, t, K * r, Dh] (the first nb blocks)."""
+  b, _, kh, rep, bk, dh = x.shape
+  nb = -(-t // bk)
+  return x[:, :nb].transpose(0, 1, 4, 2, 3, 5).reshape(b, nb * bk, kh * rep, dh)[:, :t]
+
+
+def _block_forward(q, k, v, pair_q, pair_k, mask, cfg):
+  """(out [B, T, H, Dh], residuals): the segment softmax over the pairs."""
+  t = q.shape[1]
+  bk = mask.shape[-1]
+  nb = -(-t // bk)
+  rep = cfg.num_heads // cfg.kv_heads
+  qm = _block_take(_block_layout(q, bk, rep), pair_q)  # [B, M, K, r, bk, Dh]
+  km = _block_take(_block_layout(k, bk), pair_k)  # [B, M, K, bk, Dh]
+  vm = _block_take(_block_layout(v, bk), pair_k)
+  if rep == 1:
+    qm = qm[:, :, :, None]
+  scores = jnp.einsum('bmkrqd,bmkcd->bmkrqc', qm, km).astype(jnp.float32)
+  scores = scores / jnp.sqrt(jnp.float32(cfg.head_dim))
+  scores = jnp.where(mask[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+  seg_max = jax.vmap(functools.partial(jax.ops.segment_max, num_segments=nb + 1,
+                                       indices_are_sorted=True))
+  row_max = seg_max(jnp.max(scores, axis=-1), pair_q)  # [B, nb + 1, K, r, bk]
+  e = jnp.exp(scores - _block_take(row_max, pair_q)[..., None])
+  denom = _block_sum(jnp.sum(e, axis=-1), pair_q, nb + 1, True)
+  probs = e / _block_take(denom, pair_q)[..., None]  # [B, M, K, r, bk, bk]
+  out = jnp.einsum('bmkrqc,bmkcd->bmkrqd', probs.astype(cfg.dtype), vm,
+                   preferred_element_type=jnp.float32)
+  out = _block_sum(out, pair_q, nb + 1, True)  # [B, nb + 1, K, r, bk, Dh]; nb: unused pairs
+  return _block_unlayout(out, t).astype(cfg.dtype), (qm, km, vm, probs, out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _block_attention(q, k, v, pair_q, pair_k, mask, cfg):
+  return _block_forward(q, k, v, pair_q, pair_k, mask, cfg)[0]
+
+
+def _block_attention_fwd(q, k, v, pair_q, pair_k, mask, cfg):
+  out, res = _block_forward(q, k, v, pair_q, pair_k, mask, cfg)
+  return out, (res, pair_q, pair_k, mask)
+
+
+def _block_attention_bwd(cfg, saved, d_out):
+  (qm, km, vm, probs, out), pair_q, pair_k, mask = saved
+  t = d_out.shape[1]
+  bk = mask.shape[-1]
+  nb = -(-t // bk)
+  rep = cfg.num_heads // cfg.kv_heads
+  d_o = _block_layout(d_out.astype(jnp.float32), bk, rep)
+  if rep == 1:
+    d_o = d_o[:, :, :, None]
+  d_o = jnp.pad(d_o, ((0, 0), (0, 1)) + ((0, 0),) * 4)  # block nb: zeros, for unused pairs
+  d_om = _block_take(d_o, pair_q)  # [B, M, K, r, bk, Dh]
+  row_m = _block_take(jnp.sum(d_o * out, axis=-1), pair_q)  # rowsum(dO * O) [B, M, K, r, bk]
+  d_p = jnp.einsum('bmkrqd,bmkcd->bmkrqc', d_om.astype(cfg.dtype), vm,
+                   preferred_element_type=jnp.float32)
+  d_s = (probs * (d_p - row_m[..., None]) / jnp.sqrt(jnp.float32(cfg.head_dim))).astype(
+      cfg.dtype)
+  f32 = dict(preferred_element_type=jnp.float32)
+  d_qm = jnp.einsum('bmkrqc,bmkcd->bmkrqd', d_s, km, **f32)
+  d_km = jnp.einsum('bmkrqc,bmkrqd->bmkcd', d_s, qm, **f32)
+  d_vm = jnp.einsum('bmkrqc,bmkrqd->bmkcd', probs.astype(cfg.dtype), d_om.astype(cfg.dtype),
+                    **f32)
+  d_q = _block_unlayout(_block_sum(d_qm, pair_q, nb + 1, True), t)
+  kv = lambda x: _block_unlayout(_block_sum(x, pair_k, nb, False)[:, :, :, None], t)
+  return (d_q.astype(cfg.dtype), kv(d_km).astype(cfg.dtype), kv(d_vm).astype(cfg.dtype),
+          None, None, None)
+
+
+_block_attention.defvjp(_block_attention_fwd, _block_attention_bwd)
+
+
 def packed_attention(q, k, v, pack, cfg: 'PolicyConfig'):
   """Ancestor-only attention over packed trees (`trees.packing`).
 
@@ -188,8 +377,12 @@ def packed_attention(q, k, v, pack, cfg: 'PolicyConfig'):
   gathers each response's root-to-leaf path [S] of queries, keys and values, runs
   causal attention along it (the flat batch's computation for that row) and reads
   each slot's output from one response through it; 'mask' runs dense [T, T]
-  attention under `trees.packing.ancestor_mask` (computed once, outside the layers).
+  attention under `trees.packing.ancestor_mask`; 'blocks' runs `block_attention`
+  over the packing's needed block pairs (mask and pairs computed once, outside the
+  layers).
   """
+  if pack.block_mask is not None:
+    return block_attention(q, k, v, pack.pair_q, pack.pair_k, pack.block_mask, cfg)
   if pack.mask is not None:
     return attention(q, k, v, pack.mask, cfg)
   b, t = q.shape[:2]
@@ -206,19 +399,25 @@ def packed_attention(q, k, v, pack, cfg: 'PolicyConfig'):
 @struct.dataclass
 class PackedAttention:
   """Index arrays the layers need for packed trees: `path` [B, G, S], `source`
-  [B, T] (see `trees.packing.Packing`) and an optional dense `mask` [B, T, T]."""
+  [B, T] (see `trees.packing.Packing`), an optional dense `mask` [B, T, T], or the
+  block pairs `pair_q`, `pair_k` [B, M] and their `block_mask` [B, M, bk, bk]."""
   path: jax.Array
   source: jax.Array
   mask: Optional[jax.Array] = None
+  pair_q: Optional[jax.Array] = None
+  pair_k: Optional[jax.Array] = None
+  block_mask: Optional[jax.Array] = None
 
 
 class Block(nn.Module):
   """Pre-norm decoder block, scanned over layers.
 
   carry = (x [B, T, D], cache or None, layer index); updates that layer's slice of
-  the stacked cache in place (a dynamic update on the carried buffer). With `pack`
-  (a `PackedAttention`, no cache) the T tokens are packed trees and attention is
-  ancestor-only.
+  the stacked cache in place (a dynamic update on the carried buffer). A cache with
+  n > 1 times the call's rows is a `prefill`'s: each row's keys and values go to n
+  rows. With `pack` (a `PackedAttention`, no cache) the T tokens are packed trees and
+  attention is ancestor-only. With a 'model' mesh axis > 1, `constrain` lays the
+  activations out as Megatron's column / row splits (`ACTIVATION_RULES`).
   """
   cfg: PolicyConfig
 
@@ -236,18 +435,31 @@ class Block(nn.Module):
     inv_freq = None if cfg.rope_type == 'default' else rope_inv_freq(cfg)
 
     h = RMSNorm(cfg.rms_eps, name='attn_norm')(x)
-    q = dense((cfg.num_heads, cfg.head_dim), 'q', bias=cfg.attn_bias)(h)  # [B, T, H, Dh]
-    k = dense((kh, cfg.head_dim), 'k', bias=cfg.attn_bias)(h)  # [B, T, K, Dh]
+    # Rows over ('data', 'fsdp'); heads over 'model' (column-parallel q / k / v).
+    heads, kv_heads = ('rows', None, 'heads', None), ('rows', None, 'kv_heads', None)
+    q = constrain(dense((cfg.num_heads, cfg.head_dim), 'q', bias=cfg.attn_bias)(h),
+                  heads)  # [B, T, H, Dh]
+    k = constrain(dense((kh, cfg.head_dim), 'k', bias=cfg.attn_bias)(h), kv_heads)  # [B, T, K, Dh]
     if cfg.qk_norm:  # Qwen3: per-head RMSNorm over Dh, before RoPE.
       q = RMSNorm(cfg.rms_eps, name='q_norm')(q)
       k = RMSNorm(cfg.rms_eps, name='k_norm')(k)
     q = rope(q, positions, cfg.rope_base, inv_freq)
     k = rope(k, positions, cfg.rope_base, inv_freq)
-    v = dense((kh, cfg.head_dim), 'v', bias=cfg.attn_bias)(h)
+    v = constrain(dense((kh, cfg.head_dim), 'v', bias=cfg.attn_bias)(h), kv_heads)
     if pack is not None:
       attn = packed_attention(q, k, v, pack, cfg)
     else:
       if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
+        keys, values, key_pos = k, v, positions
+      elif cache.k.shape[1] != x.shape[0]:  # `prefill` into a cache of repeated rows:
+        # n = cache rows / call rows copies of each row's keys and values, written at
+        # slots [0, T) of rows b * n .. b * n + n - 1 (a prefill starts at position 0),
+        # in place; the call attends within itself (all its keys are in it).
+        n = cache.k.shape[1] // x.shape[0]
+        put = lambda c, a: jax.lax.dynamic_update_slice(
+            c, jnp.repeat(a.astype(c.dtype), n, axis=0, total_repeat_length=c.shape[1])[None],
+            (layer, 0, 0, 0, 0))
+        cache = KVCache(k=put(cache.k, k), v=put(cache.v, v))
         keys, values, key_pos = k, v, positions
       else:  # Write at `positions`, then attend over all S slots.
         rows = jnp.arange(x.shape[0])[:, None]
@@ -256,13 +468,20 @@ class Block(nn.Module):
             v=cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype)))
         keys, values = cache.k[layer], cache.v[layer]
         key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+      if cache is not None:  # [layers, rows, slots, K, Dh]: kv heads over 'model'
+        cache = jax.tree.map(lambda c: constrain(c, (None, 'rows', None, 'kv_heads', None)),
+                             cache)
       attn = attention(q, keys, values, key_pos[:, None, :] <= positions[:, :, None], cfg)
-    x = x + dense(cfg.d_model, 'o', axis=(-2, -1), bias=cfg.o_bias)(attn)
+    # Row-parallel o: its input heads split, its output summed over 'model' (whole rows).
+    attn = constrain(attn, heads)
+    stream = ('rows', None, 'embed')
+    x = constrain(x + dense(cfg.d_model, 'o', axis=(-2, -1), bias=cfg.o_bias)(attn), stream)
 
     h = RMSNorm(cfg.rms_eps, name='mlp_norm')(x)
     mb = cfg.mlp_bias
     gate, up = dense(cfg.d_ff, 'gate', bias=mb)(h), dense(cfg.d_ff, 'up', bias=mb)(h)
-    x = x + dense(cfg.d_model, 'down', bias=mb)(nn.silu(gate) * up)
+    act = constrain(nn.silu(gate) * up, ('rows', None, 'mlp'))  # column-parallel gate / up
+    x = constrain(x + dense(cfg.d_model, 'down', bias=mb)(act), stream)  # row-parallel down
     return (x, cache, layer + 1), None
 
 
@@ -285,14 +504,21 @@ class Transformer(nn.Module):
       self.head = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, name='head')
 
   def hidden(self, tokens, positions, cache=None, pack=None):
-    x = self.embed(tokens)
+    if tensor_parallel_mesh(self.embed.embedding) is None:
+      x = self.embed(tokens)
+    else:  # the table's vocabulary split over 'model': look up without gathering it
+      x = embed_lookup(self.embed.embedding, tokens, self.cfg.dtype)
+    x = constrain(x, ('rows', None, 'embed'))
     (x, cache, _), _ = self.blocks((x, cache, jnp.int32(0)), positions, pack)
     return self.final_norm(x).astype(jnp.float32), cache
 
   def logits(self, h):
+    """[..., D] -> float32 logits [..., V], the vocabulary split over 'model' (if any)."""
     if self.cfg.tie_embeddings:
-      return h.astype(jnp.float32) @ self.embed.embedding.astype(jnp.float32).T
-    return self.head(h.astype(jnp.float32))
+      logits = h.astype(jnp.float32) @ self.embed.embedding.astype(jnp.float32).T
+    else:
+      logits = self.head(h.astype(jnp.float32))
+    return constrain(logits, ('rows',) + (None,) * (logits.ndim - 2) + ('vocab',))
 
   def __call__(self, tokens, positions, cache=None):
     h, cache = self.hidden(tokens, positions, cache)
@@ -388,13 +614,25 @@ def forward(params, cfg: PolicyConfig, tokens):
   return apply(params, cfg, tokens, pos)[0]
 
 
-def prefill(params, cfg: PolicyConfig, prompts):
-  """Runs prompts [B, P] into a fresh cache of B rows -> (logits [B, P, V], cache)."""
+def prefill(params, cfg: PolicyConfig, prompts, cache: Optional[KVCache] = None):
+  """Runs prompts [B, P] into an empty cache -> (logits [B, P, V], cache).
+
+  cache: None for a fresh cache of B rows, or an empty (`init_cache`) cache of B * n
+  rows, e.g. already placed on a mesh, that receives each prompt's keys and values n
+  times: row b * n + j <- prompt b (the sampler's n responses per prompt). Each layer
+  then writes its keys and values, repeated, straight into that cache (no B-row cache
+  is built and copied), and the prompts attend within the call.
+  """
   b, p = prompts.shape
   if p > cfg.max_len:
     raise ValueError(f'prompt length {p} > max_len {cfg.max_len}')
+  if cache is None:
+    cache = init_cache(cfg, b)
+  elif cache.k.shape[1] % b:
+    raise ValueError(f'a prefill of {b} prompts into a cache of {cache.k.shape[1]} rows: '
+                     f'the rows must be a multiple of the prompts')
   pos = jnp.broadcast_to(jnp.arange(p), (b, p))
-  return apply(params, cfg, prompts, pos, init_cache(cfg, b))
+  return apply(params, cfg, prompts, pos, cache)
 
 
 def decode_step(params, cfg: PolicyConfig, cache: KVCache, tokens, positions):
@@ -404,9 +642,22 @@ def decode_step(params, cfg: PolicyConfig, cache: KVCache, tokens, positions):
 
 
 def log_softmax_entropy(logits):
-  """logits [..., V] -> (log-probs [..., V], entropy [...]) in float32."""
+  """logits [..., V] -> (log-probs [..., V], entropy [...]) in float32.
+
+  Only reductions over V (a max, two sums): with the vocabulary split over 'model'
+  each device reduces its slice and XLA adds the partial results.
+  """
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return logp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def pick_logprob(logp, tokens):
+  """logp[..., tokens] of log-probs [..., V] at int tokens [...], as a masked sum over V
+  rather than a gather: with the vocabulary split over 'model' each device sums its own
+  slice and one all-reduce of [...] values adds them, so no [rows, L, V] array is
+  gathered. Exact (one non-zero term)."""
+  hit = jnp.arange(logp.shape[-1]) == tokens[..., None]
+  return jnp.sum(jnp.where(hit, logp, 0.0), axis=-1)
 
 
 def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=None):
@@ -442,9 +693,8 @@ def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=Non
   h, _ = m.apply({'params': params}, seq[:, :-1], pos, method='hidden')
   h = jnp.take_along_axis(h, idx[..., None], axis=1)  # [B, L, D]
   logits = m.apply({'params': params}, h, method='logits')  # [B, L, V]
-  logp, entropy = log_softmax_entropy(logits)
-  lp = jnp.take_along_axis(logp, responses[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return lp, entropy
+  logp, entropy = log_softmax_entropy(logits)  # vocab-split with a 'model' axis
+  return pick_logprob(logp, responses.astype(jnp.int32)), entropy
 
 
 def packed_token_logprobs(params, cfg: PolicyConfig, packing, responses):
@@ -453,10 +703,18 @@ def packed_token_logprobs(params, cfg: PolicyConfig, packing, responses):
   packing: a `trees.packing.Packing` of the groups (prompt + unique tokens, [B, T]).
   responses: [B, G, L] int32, the responses that were packed.
   Returns logprobs, entropy [B, G, L] f32, equal to `token_logprobs` on the B * G
-  flat rows (up to float rounding) at unmasked tokens.
+  flat rows (up to float rounding) at unmasked tokens. With attention 'blocks', a
+  group that needs more block pairs than `packing.num_pairs` gets NaN log-probs
+  (`pack` checks concrete inputs on the host).
   """
   mask = packing_lib.ancestor_mask(packing) if packing.attention == 'mask' else None
   attn = PackedAttention(path=packing.path, source=packing.source, mask=mask)
+  fits = None
+  if packing.attention == 'blocks':
+    pair_q, pair_k, count = packing_lib.block_pairs(packing)
+    fits = count <= packing.pair_capacity
+    attn = attn.replace(pair_q=pair_q, pair_k=pair_k,
+                        block_mask=packing_lib.block_mask(packing, pair_q, pair_k))
   m = model(cfg)
   h, _ = m.apply({'params': params}, packing.tokens, packing.positions, None, attn,
                  method='hidden')  # [B, T, D]
@@ -470,4 +728,6 @@ def packed_token_logprobs(params, cfg: PolicyConfig, packing, responses):
   row = packing.logit_row.reshape(b, g * l)
   lp = logp[jnp.arange(b)[:, None], row, responses.reshape(b, g * l).astype(jnp.int32)]
   ent = jnp.take_along_axis(entropy, row, axis=1)
+  if fits is not None:  # missing pairs would give wrong values: make them loud instead
+    lp, ent = (jnp.where(fits[:, None], x, jnp.nan) for x in (lp, ent))
   return lp.reshape(b, g, l), ent.reshape(b, g, l)

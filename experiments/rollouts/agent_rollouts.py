@@ -22,7 +22,10 @@ of the taken turns, one run from 0), `policy_mask` its action tokens. So the upd
 step, tree packing and every token-level estimator (GRPO, TEMPO over whole
 trajectories, Tree-GRPO over turns) run unchanged, and only action tokens are trained
 (`credit.loss_mask`). The loop counts generated tokens (action tokens not copied from
-a parent) and environment steps (taken turns not copied) per step.
+a parent) and environment steps (taken turns not copied) per step. The episode sampler keeps
+no entropies: an estimator that needs `Rollouts.entropy` gets them from a teacher-forced pass
+over the trajectories (shared with the old log-probs when rl.recompute_logprobs), on action
+tokens only, like `logprobs`.
 """
 
 import functools

@@ -10,6 +10,12 @@ it, for a pretrained model and a text task (`envs.text_tasks`):
 Shapes are static: P = lm.max_prompt_len, L = lm.max_new_tokens, so sampling,
 credit and the update compile once and stay jitted; only scoring runs in Python.
 
+The loop samples text prompts with the same samplers as JAX tasks
+(`loop.sample` -> `sampling.Samples`), so an estimator that needs `Rollouts.entropy` gets the
+sampler's untempered next-token entropy (equal to a teacher-forced pass's up to float
+rounding); prompt log-probs, changed-context log-probs and saliency are computed by the loop
+on the right-padded prompts with their `prompt_len`.
+
 Responses end at the first stop token (the tokenizer's end-of-turn / end-of-text
 ids) or at L tokens. A response without a stop token is *truncated*;
 lm.truncation = 'score' scores it as it is, 'zero' gives it reward 0.
@@ -46,9 +52,12 @@ class Draw:
 
 
 def loading_mesh(cfg):
-  """The loop's mesh (`train_step.make_mesh(cfg.mesh.fsdp)`) for `pretrained.load` to place
-  the checkpoint on, straight from the files; None on one device."""
-  return train_step.make_mesh(cfg.mesh.fsdp) if jax.device_count() > 1 else None
+  """The loop's mesh (`train_step.make_mesh(cfg.mesh.fsdp, model=cfg.mesh.model)`) for
+  `pretrained.load` to place the checkpoint on, straight from the files; None on one
+  device."""
+  if jax.device_count() == 1:
+    return None
+  return train_step.make_mesh(cfg.mesh.fsdp, model=cfg.mesh.get('model', 1))
 
 
 class TextProblem:

@@ -22,12 +22,14 @@ and shardings:
   update   `train_step.train_step_jit` on the batch, packed or flat rows
 
 Each stage gets abstract inputs whose shardings are those the loop's arrays have: the
-train state by `train_step.leaf_spec` over ('data', 'fsdp') (`shard_state`), prompts
-and batches by `batch_sharding` when the row count divides the devices, the reference
-params like the policy's (`param_sharding`, as the loop places them), the sampler traced
-under `jax.set_mesh(mesh)` as the loop runs it (so `sampling.place_rows` splits the KV
-cache's rows over the mesh), and every stage's outputs with the shardings the compiler
-gave the stage that produced them.
+train state by `train_step.param_sharding` over ('data', 'fsdp', 'model')
+(`shard_state`: fsdp, and with model > 1 the Megatron splits of `train_step.PARAM_AXES`),
+prompts and batches by `batch_sharding` (rows over 'data' x 'fsdp') when the row count
+divides those devices, the reference params like the policy's (`param_sharding`, as the
+loop places them), the sampler traced under `jax.set_mesh(mesh)` as the loop runs it (so
+`sampling.place_rows` splits the KV cache's rows over the mesh and its kv heads over
+'model'), and every stage's outputs with the shardings the compiler gave the stage that
+produced them.
 
 A stage that does not fit (XLA's RESOURCE_EXHAUSTED) is recorded with the bytes the
 error names, its arguments and its outputs (from `jax.eval_shape`, rows split over the
@@ -39,8 +41,9 @@ stage runs without taking them as arguments (e.g. Adam moments during sampling).
 `cost_analysis` counts a scan or while body once, so FLOPs are analytic
 (`stage_flops`) and the roofline times use vendor peak figures (`CHIPS`).
 
-Sharding is the project's ('data', 'fsdp') mesh; `spec_fn` (shape -> PartitionSpec)
-is the one hook a tensor-parallel ('model') axis would replace.
+Sharding is the loop's: mesh ('data', 'fsdp', 'model') (`train_step.make_mesh`), the
+decoder's activation layout (`decoder.ACTIVATION_RULES`), and tensor parallelism when
+`RLShape.model` > 1.
 """
 
 import dataclasses
@@ -50,7 +53,7 @@ import os
 import re
 import time
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -142,18 +145,13 @@ def topology(name: str) -> Topology:
 
 
 def make_mesh(topo: Topology, fsdp: int = 1, model: int = 1) -> Mesh:
-  """The loop's ('data', 'fsdp') mesh (`train_step.make_mesh`) over the topology's devices.
-
-  `model` > 1 (tensor parallelism) is not implemented by the decoder yet.
-  """
+  """The loop's ('data', 'fsdp', 'model') mesh (`train_step.make_mesh`) over the
+  topology's devices; model > 1 is tensor parallelism."""
   from experiments.training import train_step as ts
-  if model != 1:
-    raise NotImplementedError('a model (tensor-parallel) mesh axis is not implemented; '
-                              'use model=1')
-  if len(topo.devices) % fsdp:
-    raise ValueError(f'fsdp={fsdp} does not divide the {len(topo.devices)} devices of '
-                     f'{topo.name}')
-  return ts.make_mesh(fsdp, devices=topo.devices)
+  if len(topo.devices) % (fsdp * model):
+    raise ValueError(f'fsdp={fsdp} x model={model} does not divide the '
+                     f'{len(topo.devices)} devices of {topo.name}')
+  return ts.make_mesh(fsdp, devices=topo.devices, model=model)
 
 
 # ----------------------------------------------------------------------------
@@ -246,6 +244,7 @@ class RLShape:
   num_forks: int = 1
   num_continuations: int = 1
   fsdp: int = 1
+  model: int = 1                     # tensor-parallel mesh axis (heads, MLP, vocabulary)
   micro_batches: int = 1
   minibatches: int = 1
   epochs: int = 1
@@ -278,6 +277,8 @@ class RLShape:
       raise ValueError(f'packing {self.packing!r}: valid are tree, prompt, none')
     if self.ref_sharding not in ('replicated', 'policy'):
       raise ValueError(f'ref_sharding {self.ref_sharding!r}: valid are replicated, policy')
+    if self.fsdp < 1 or self.model < 1:
+      raise ValueError(f'fsdp={self.fsdp} and model={self.model} must be >= 1')
 
   @property
   def full_pack_len(self) -> int:
@@ -297,22 +298,18 @@ def plain(tree):
   return jax.tree.map(lambda x: sds(x, x.sharding), tree)
 
 
-def leaf_spec_fn(fsdp: int) -> Callable:
-  """The loop's parameter / optimizer-state spec: `train_step.leaf_spec` over 'fsdp'."""
+def shard_like_loop(tree, mesh: Mesh):
+  """Abstract leaves of a params tree or train state, placed as the loop places them
+  (`train_step.param_sharding`, `shard_state`)."""
   from experiments.training import train_step as ts
-  return lambda shape: ts.leaf_spec(tuple(shape), fsdp)
-
-
-def shard_like_loop(tree, mesh: Mesh, spec_fn: Callable):
-  """Abstract leaves of `tree` with NamedSharding(mesh, spec_fn(shape)) (`shard_state`)."""
-  return jax.tree.map(lambda x: sds(x, NamedSharding(mesh, spec_fn(x.shape))), tree)
+  return jax.tree.map(sds, tree, ts.param_sharding(tree, mesh))
 
 
 def rows_sharding(mesh: Mesh, n: int) -> NamedSharding:
-  """The loop's placement of an [n, ...] host array: rows over all devices when they
-  divide (`batch_sharding`), else replicated."""
+  """The loop's placement of an [n, ...] host array: rows over 'data' x 'fsdp' when
+  they divide (`batch_sharding`), else replicated."""
   from experiments.training import train_step as ts
-  return ts.batch_sharding(mesh) if n % mesh.size == 0 else NamedSharding(mesh, P())
+  return ts.batch_sharding(mesh) if n % ts.row_shards(mesh) == 0 else NamedSharding(mesh, P())
 
 
 def chip_bytes(tree) -> int:
@@ -363,16 +360,64 @@ def forward_flops(cfg, tokens, logit_rows, pairs_executed, pairs_model):
           dense + attention_flops(cfg, 1, pairs_model))
 
 
+def packed_pairs(shape: RLShape, pack_len: int, backend: str = 'tpu') -> float:
+  """(query, key) pairs the packed forward computes over the batch's groups, per layer:
+  'paths' G * S^2 per group, 'mask' T^2, 'blocks' the needed block pairs of a group with
+  nothing shared past the prompt (`trees.packing.iid_block_pairs`, bucketed as `pack`
+  buckets them) * block^2, block = `default_block(T, backend)`; 'auto' the cheaper of
+  'paths' and 'blocks' by `trees.packing.block_costs(backend)`, as `pack` picks."""
+  from trees import packing as packing_lib
+  b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
+  paths = float(b * g * (p + l) ** 2)
+  if shape.pack_attention == 'paths':
+    return paths
+  if shape.pack_attention == 'mask':
+    return float(b * pack_len ** 2)
+  if shape.pack_attention not in ('blocks', 'auto'):
+    raise ValueError(f'pack_attention {shape.pack_attention!r}: valid are '
+                     f'{", ".join(packing_lib.ATTENTION)}')
+  costs = packing_lib.block_costs(backend)
+  blk = packing_lib.default_block(pack_len, backend)
+  t = max(pack_len, p + g * l)  # a shorter pack_len shares more: this bounds its pairs
+  nb = -(-pack_len // blk)
+  pairs = min(packing_lib.pair_bucket(packing_lib.iid_block_pairs(p, g, l, blk, t),
+                                      -(-t // blk)), nb * (nb + 1) // 2)
+  blocks = float(b * pairs * blk * blk)
+  if shape.pack_attention == 'auto' and (
+      pairs * (blk * blk + costs.overhead * blk) >= costs.paths_weight * g * (p + l) ** 2):
+    return paths
+  return blocks
+
+
+def teacher_forcing_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
+  """Executed FLOPs of one teacher-forced forward over the batch, split into 'dense'
+  (block matmuls + vocab head) and 'attention' (QK^T and PV), for flat rows ('flat') and,
+  with packing, the packed rows ('packed'); 'dense_saving' = 1 - packed / flat dense."""
+  b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
+  w = matmul_params(cfg)
+  n, t = b * g, p + l - 1
+  split = lambda tokens, rows, pairs: dict(
+      dense=2.0 * w['layer'] * tokens + 2.0 * w['head'] * rows,
+      attention=attention_flops(cfg, 1, pairs))
+  out = dict(flat=split(n * t, n * l, n * t * t))
+  if shape.packing != 'none':
+    tp = pack_len or shape.full_pack_len
+    out['packed'] = split(b * tp, b * (tp - p + 1), packed_pairs(shape, tp))
+    out['dense_saving'] = 1.0 - out['packed']['dense'] / out['flat']['dense']
+  return out
+
+
 def stage_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
   """Analytic (executed, model) FLOPs of each piece of the RL step, whole slice.
 
   Executed FLOPs are what the implementation computes: attention over every cache slot
   S = P + L in prefill and decode, dense causal [T, T] scores in teacher forcing (masked
-  half included), the vocab head on every prefill position. Model FLOPs count only
-  visible (causal) pairs and the head where a token is scored. Decode loops are counted
-  to their bound (every row runs L steps; tree children L from their fork). Training:
-  forward + backward = 3 forwards (4 with remat; LoRA: 2, frozen weights get no
-  gradient, +1 with remat), per epoch.
+  half included; packed: `packed_pairs`), the vocab head on every prefill position.
+  Model FLOPs count only visible (causal) pairs and the head where a token is scored
+  (`teacher_forcing_flops` splits the forward into dense and attention). Decode loops
+  are counted to their bound (every row runs L steps; tree children L from their fork).
+  Training: forward + backward = 3 forwards (4 with remat; LoRA: 2, frozen weights get
+  no gradient, +1 with remat), per epoch.
   """
   b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
   s = p + l
@@ -390,7 +435,7 @@ def stage_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
   flat = forward_flops(cfg, n * t, n * l, n * t * t, n * t * (t + 1) / 2)
   if shape.packing != 'none':
     tp = pack_len or shape.full_pack_len
-    pairs = b * g * s * s if shape.pack_attention == 'paths' else b * tp * tp
+    pairs = packed_pairs(shape, tp)
     # Model FLOPs stay the flat rows' (the standard accounting of the rollout tokens), so
     # the MFU bounds of packed and flat layouts compare; packing shows as a shorter time.
     packed = (forward_flops(cfg, b * tp, b * (tp - p + 1), pairs, 0)[0], flat[1])
@@ -411,8 +456,9 @@ def stage_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, state_bytes_chip: int,
                     param_bytes_full: int) -> dict:
   """Lower bound on HBM bytes each device reads or writes per piece (activations ignored).
 
-  Every device reads the full (all-gathered) weights once per forward and per decode step,
-  and its share of the KV cache (all S slots) per decode step; an update reads the
+  Every device reads its 'model' slice of the weights (all of them when model = 1),
+  all-gathered over 'fsdp', once per forward and per decode step, and its share of the KV
+  cache (its rows, its kv heads, all S slots) per decode step; an update reads the
   weights 3 (4 with remat) times per micro-batch and its shard of params, grads and Adam
   moments about 7 times.
   """
@@ -420,14 +466,15 @@ def stage_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, state_bytes_chip: int,
   s = p + l
   item = np.dtype(cfg.dtype).itemsize
   cache_row = 2 * cfg.num_layers * s * cfg.kv_heads * cfg.head_dim * item
-  rows_dev = b * g / mesh.size
-  decode = l * (param_bytes_full + rows_dev * cache_row)
+  weights = param_bytes_full / shape.model
+  cache_dev = b * g * cache_row / mesh.size  # rows over data x fsdp, kv heads over model
+  decode = l * (weights + cache_dev)
   lps = int(shape.recompute_logprobs) + int(shape.ref)
   micro = shape.minibatches * shape.micro_batches * shape.epochs
-  upd = micro * (3 + int(cfg.remat)) * param_bytes_full + (
+  upd = micro * (3 + int(cfg.remat)) * weights + (
       shape.minibatches * shape.epochs * 7 * state_bytes_chip / 3)
-  return dict(sample=param_bytes_full + decode * (1 if shape.sampler == 'iid' else 2),
-              logprobs=lps * param_bytes_full, update=upd, update_flat=upd)
+  return dict(sample=weights + decode * (1 if shape.sampler == 'iid' else 2),
+              logprobs=lps * weights, update=upd, update_flat=upd)
 
 
 # ----------------------------------------------------------------------------
@@ -494,7 +541,7 @@ class Compiler:
   def __init__(self, resident: dict, scaling=(), verbose: bool = False):
     self.stages: list[Stage] = []
     self.resident = resident   # name -> abstract tree the loop holds on the devices
-    self.scaling = tuple(scaling)  # the resident trees split over 'fsdp' (by spec_fn)
+    self.scaling = tuple(scaling)  # the resident trees split over 'fsdp' x 'model'
     self._cache = {}
     self.verbose = verbose
 
@@ -559,13 +606,14 @@ class Compiler:
 
 
 def _split_first(mesh: Mesh, shape) -> NamedSharding:
-  """The first axis the devices divide split over all of them (rows of a batch, or of a
-  KV cache [layers, rows, ...]); replicated if none does. For outputs of a stage that
+  """The first axis that 'data' x 'fsdp' divide split over them (rows of a batch, or of
+  a KV cache [layers, rows, ...]); replicated if none does. For outputs of a stage that
   did not compile."""
+  from experiments.training import train_step as ts
   for ax, n in enumerate(shape):
-    if n % mesh.size == 0 and n > 1:
+    if n % ts.row_shards(mesh) == 0 and n > 1:
       spec = [None] * len(shape)
-      spec[ax] = tuple(mesh.axis_names)
+      spec[ax] = ts.ROW_AXES
       return NamedSharding(mesh, P(*spec))
   return NamedSharding(mesh, P())
 
@@ -630,7 +678,7 @@ def compile_sampler(c: Compiler, params, cfg, shape: RLShape, mesh: Mesh, prompt
            (chains, children, source, position), {})
 
 
-def abstract_state(cfg, mesh: Mesh, spec_fn: Callable, lr: float = 1e-6):
+def abstract_state(cfg, mesh: Mesh, lr: float = 1e-6):
   """The loop's TrainState (params + AdamW state) as abstract arrays, placed as
   `shard_state` places them."""
   from experiments.models import decoder
@@ -638,7 +686,7 @@ def abstract_state(cfg, mesh: Mesh, spec_fn: Callable, lr: float = 1e-6):
   tx = ts.make_optimizer(lr, lora_only=cfg.lora_rank > 0)
   state = jax.eval_shape(lambda: ts.init_state(decoder.init_params(jax.random.PRNGKey(0), cfg),
                                                tx))
-  return shard_like_loop(state, mesh, spec_fn)
+  return shard_like_loop(state, mesh)
 
 
 @dataclasses.dataclass
@@ -658,12 +706,12 @@ class Result:
   packed: bool
 
 
-def compile_rl_step(cfg, shape: RLShape, topo: Topology, spec_fn: Optional[Callable] = None,
-                    verbose: bool = False) -> Result:
+def compile_rl_step(cfg, shape: RLShape, topo: Topology, verbose: bool = False) -> Result:
   """Lowers and compiles every piece of one RL step (see the module docstring).
 
-  `cfg`: a `decoder.PolicyConfig` with max_len >= P + L. `spec_fn`: shape -> PartitionSpec
-  of a parameter / optimizer leaf (default: the loop's `leaf_spec` over 'fsdp').
+  `cfg`: a `decoder.PolicyConfig` with max_len >= P + L. The mesh is ('data', 'fsdp',
+  'model') with shape.fsdp and shape.model (`train_step.check_model_axis` refuses a
+  model size the heads, MLP or vocabulary cannot split).
   """
   from experiments.models import decoder
   from experiments.training import loop, train_step as ts
@@ -671,9 +719,9 @@ def compile_rl_step(cfg, shape: RLShape, topo: Topology, spec_fn: Optional[Calla
   if shape.prompt_len + shape.response_len > cfg.max_len:
     raise ValueError(f'prompt_len + response_len = {shape.prompt_len + shape.response_len} > '
                      f'cfg.max_len = {cfg.max_len}')
-  mesh = make_mesh(topo, shape.fsdp)
-  spec_fn = spec_fn or leaf_spec_fn(shape.fsdp)
-  state = abstract_state(cfg, mesh, spec_fn)
+  ts.check_model_axis(cfg, shape.model)
+  mesh = make_mesh(topo, shape.fsdp, shape.model)
+  state = abstract_state(cfg, mesh)
   params = state.params
   if shape.ref_sharding == 'policy':
     ref = params
@@ -692,7 +740,7 @@ def compile_rl_step(cfg, shape: RLShape, topo: Topology, spec_fn: Optional[Calla
     samples = compile_sampler(c, params, cfg, shape, mesh, prompts, plen)
 
   split = shape.minibatches * shape.micro_batches
-  packed = shape.packing != 'none' and loop.packs_evenly(b, split, mesh.size)
+  packed = shape.packing != 'none' and loop.packs_evenly(b, split, ts.row_shards(mesh))
   pack_len = shape.full_pack_len
   variants = [None]
   if packed:
@@ -790,47 +838,70 @@ def step_summary(result: Result) -> dict:
                     and not any(s.error for s in result.stages)))
 
 
+def model_sizes(cfg, devices: int) -> list:
+  """Tensor-parallel sizes (`model` axis) a slice of `devices` can use for cfg: those
+  dividing the devices that `train_step.check_model_axis` accepts, ascending."""
+  from experiments.training import train_step as ts
+  out = []
+  for m in range(1, devices + 1):
+    if devices % m == 0:
+      try:
+        ts.check_model_axis(cfg, m)
+      except ValueError:
+        continue
+      out.append(m)
+  return out
+
+
 def suggest_mesh(result: Result) -> Optional[str]:
   """A mesh estimated to fit, from how each stage's per-device bytes scale.
 
-  The train state and parameter arguments scale as 1 / fsdp (they are split over
-  'fsdp'); everything else (rows, caches, activations) as 1 / devices (rows are split
-  over all of them). Tries larger fsdp on this slice, then 2x, 4x, ... 16x the devices;
-  None if the step already fits. An estimate: compile the suggestion to confirm.
+  The train state and parameter arguments scale as 1 / (fsdp x model) (they are split
+  over both); everything else (rows, KV cache, activations) as 1 / devices (rows are
+  split over 'data' x 'fsdp', heads, MLP width and vocabulary over 'model'; the residual
+  stream is whole on each 'model' device, so for model > 1 this is optimistic). Tries
+  this slice, then 2x, 4x, ... 16x the devices; on each, fsdp-only meshes first, then
+  tensor-parallel sizes the model accepts (`model_sizes`), smallest first, with rows
+  that divide 'data' x 'fsdp'. None if the step already fits. An estimate: compile the
+  suggestion to confirm.
   """
   budget = FIT_FRACTION * result.topo.device_hbm
-  n0, f0 = result.mesh.size, result.shape.fsdp
+  n0, f0, m0 = result.mesh.size, result.shape.fsdp, result.shape.model
   rows = result.shape.rows
 
-  def estimate(n, f):
+  def estimate(n, f, m):
     worst = 0.0
     for s in result.stages:
       rest = max(s.total - s.scaled, 0)
-      worst = max(worst, s.scaled * f0 / f + rest * n0 / n)
+      worst = max(worst, s.scaled * f0 * m0 / (f * m) + rest * n0 / n)
     return worst
 
   if max(s.total for s in result.stages) <= budget:
     return None
   for mult in (1, 2, 4, 8, 16):
     n = n0 * mult
-    for f in sorted(d for d in range(1, n + 1) if n % d == 0):
-      if f < f0 or rows % n:  # rows must split over the devices
-        continue
-      est = estimate(n, f)
-      if est <= budget:
-        where = 'this slice' if mult == 1 else f'{n} devices ({mult}x this slice)'
-        return (f'--fsdp {f} on {where}: about {est / GIB:.2f} GiB per device (estimate from '
-                f'per-device bytes scaling; compile it to confirm)')
-  return ('nothing up to 16x this slice by fsdp alone: raise --micro_batches (activation '
-          'temporaries scale with rows per micro-batch), use --lora_rank, or shorten sequences')
+    for m in model_sizes(result.cfg, n):
+      for f in sorted(d for d in range(1, n // m + 1) if (n // m) % d == 0):
+        if f * m < f0 * m0 or rows % (n // m):  # rows must split over data x fsdp
+          continue
+        est = estimate(n, f, m)
+        if est <= budget:
+          where = 'this slice' if mult == 1 else f'{n} devices ({mult}x this slice)'
+          return (f'--fsdp {f} --model_axis {m} on {where}: about {est / GIB:.2f} GiB per '
+                  f'device (estimate from per-device bytes scaling; compile it to confirm)')
+  return ('nothing up to 16x this slice by fsdp and tensor parallelism: raise '
+          '--micro_batches (activation temporaries scale with rows per micro-batch), use '
+          '--lora_rank, or shorten sequences')
 
 
 def known_arrays(result: Result, piece: str) -> list:
   """[(name, per-device shape, bytes)]: the large arrays a piece makes by construction,
   from the shapes alone (a guide when XLA could not compile it): float32 vocabulary
-  logits of the rows (packed: slots of the groups) one device runs at once, and the
-  sampler's KV cache."""
-  cfg, sh, n = result.cfg, result.shape, result.mesh.size
+  logits of the rows (packed: slots of the groups) one device runs at once (its share
+  of the vocabulary with model > 1), and the sampler's KV cache (its rows and kv heads)."""
+  from experiments.training import train_step as ts
+  cfg, sh = result.cfg, result.shape
+  n, m = ts.row_shards(result.mesh), sh.model
   b, g, p, l = sh.num_prompts, sh.group_size, sh.prompt_len, sh.response_len
   split = sh.minibatches * sh.micro_batches if piece.startswith('update') else 1
   if result.packed and not piece.endswith('_flat'):
@@ -840,14 +911,15 @@ def known_arrays(result: Result, piece: str) -> list:
   per = -(-units // n)
   out = []
   if piece in ('logprobs', 'logprobs_flat', 'update', 'update_flat'):
-    out.append((f'vocab logits ({what}, float32)', (per, length, cfg.vocab_size),
-                per * length * cfg.vocab_size * 4))
+    vocab = cfg.vocab_size // m
+    out.append((f'vocab logits ({what}, float32)', (per, length, vocab),
+                per * length * vocab * 4))
   if piece == 'sample':
-    rows = -(-b * g // n)
+    rows, kv = -(-b * g // n), cfg.kv_heads // m
     item = np.dtype(cfg.dtype).itemsize
     out.append(('KV cache (k and v: layers, rows, slots, kv heads, head dim)',
-                (2, cfg.num_layers, rows, p + l, cfg.kv_heads, cfg.head_dim),
-                2 * cfg.num_layers * rows * (p + l) * cfg.kv_heads * cfg.head_dim * item))
+                (2, cfg.num_layers, rows, p + l, kv, cfg.head_dim),
+                2 * cfg.num_layers * rows * (p + l) * kv * cfg.head_dim * item))
   return out
 
 
@@ -862,7 +934,9 @@ def format_report(result: Result) -> str:
       f'topology {topo.name}: {len(topo.devices)} devices ({topo.chip.name}, '
       f'{topo.cores_per_chip} per chip) on {topo.num_hosts} hosts (process_index '
       f'{sorted({d.process_index for d in topo.devices})}); mesh '
-      f'{dict(r.mesh.shape)}',
+      f'{dict(r.mesh.shape)}'
+      + (f" (tensor parallel: heads, kv heads, MLP width and vocabulary split {sh.model} "
+         f"ways over 'model')" if sh.model > 1 else ''),
       f'model: {r.num_params / 1e6:.1f} M params, {r.cfg.num_layers} layers, d {r.cfg.d_model}, '
       f'vocab {r.cfg.vocab_size}, dtype {np.dtype(r.cfg.dtype).name}, remat {r.cfg.remat}, '
       f'lora {r.cfg.lora_rank}; train state {r.state_chip_bytes / GIB:.3f} GiB per device; '

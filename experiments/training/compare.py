@@ -99,7 +99,7 @@ def matched_budget(rows_by_method: dict, x_key: str = 'generated_tokens_total') 
 def baseline_for(method: str, methods, baseline: str):
   """GRPO on the method's own sampler if run (and not the method itself), else `baseline`;
   None for the baseline itself or when the baseline was not run."""
-  (base_credit, _), = loop.parse_methods(baseline)
+  (base_credit, _, _), = loop.parse_methods(baseline)
   same = f'{base_credit}:{method.split(":")[1]}'
   ref = same if same in methods and same != method else baseline
   return ref if ref in methods and ref != method else None
@@ -138,7 +138,7 @@ def check_comparison(cfg):
   `config.methods` ('grpo' and 'grpo:iid' are the same), a seed repeated in `config.seeds`
   (a "mean ± std over 2 seeds" and a paired test of one seed's copies), a repeated lr
   (as lr<lr:g> directories); and an empty seed list."""
-  methods = [f'{c}:{s}' for c, s in loop.parse_methods(cfg.methods)]
+  methods = [loop.method_name(*m) for m in loop.parse_methods(cfg.methods)]
   twice = sorted({m for m in methods if methods.count(m) > 1})
   if twice:
     raise ValueError(f'config.methods {cfg.methods!r} repeats {", ".join(twice)}: each '
@@ -177,9 +177,9 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
     shrink(cfg, defaults=defaults, explicit=explicit)
   loop.check_config(cfg)
   check_comparison(cfg)
-  methods = [f'{c}:{s}' for c, s in loop.parse_methods(cfg.methods)]
+  methods = [loop.method_name(*m) for m in loop.parse_methods(cfg.methods)]
   baseline = cfg.get('baseline', 'grpo:iid')
-  baseline = '{}:{}'.format(*loop.parse_methods(baseline)[0])  # validated, 'grpo' -> 'grpo:iid'
+  baseline = loop.method_name(*loop.parse_methods(baseline)[0])  # validated, 'grpo' -> 'grpo:iid'
   grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
   run_cfg = _run_cfg(cfg)
   os.makedirs(workdir, exist_ok=True)

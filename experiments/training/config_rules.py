@@ -51,6 +51,7 @@ RULES = (
     ('eval.pass_k', '[1, inf)'),
     ('eval.pass_prompts', '[1, inf)'),
     ('mesh.fsdp', '[1, inf)'),
+    ('mesh.model', '[1, inf)'),
     ('lm.max_prompt_len', '[1, inf)'),
     ('lm.max_new_tokens', '[1, inf)'),
     ('lm.lora_rank', '[0, inf)'),  # 0: full fine-tuning

@@ -12,6 +12,18 @@ function of (config, step) and resuming is exact):
   advantages = credit.get(name)(Rollouts(..., tree=trees.from_forks(...) for tree samplers))
   loss mask = credit.loss_mask(name, ...)            (the sampled mask for most estimators)
   state, metrics = train_step(state, batch)
+Optional Rollouts inputs are computed only when the estimator `needs` them
+(`credit.needs(name)`), so the default path costs nothing extra:
+  entropy           the sampler's untempered next-token entropy (`Samples.entropy`; JAX and
+                    text tasks); multi-turn samples carry none: a teacher-forced pass
+                    (shared with the old log-probs when rl.recompute_logprobs), policy tokens only
+  prompt_logprobs   [B, P] one teacher-forced pass over the prompts (`prompt_logprobs`)
+  context_logprobs  one teacher-forced pass with the prompt changed (`context_prompts`)
+  saliency          one extra backward pass (`experiments/training/saliency.py`)
+A stateful estimator (`credit.stateful(name)`) gets its state (`credit.init_state`) in
+`Rollouts.credit_state`; after the advantages the loop computes `credit.update_state` in
+the same jitted call, commits it with the update, logs its scalar leaves as
+`credit_state/<path>` and checkpoints it with the train state, so resuming is exact.
 The task side is a *problem*: `JaxProblem` (a JAX task, below),
 `rollouts.text_rollouts.TextProblem` (a text task on a pretrained model, host-scored) or
 `rollouts.agent_rollouts.AgentProblem` (a multi-turn environment: the problem samples its
@@ -51,6 +63,7 @@ from configs import tempo as default_config
 from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
+from experiments.training import saliency as saliency_lib
 from experiments.training import train_step as ts
 from experiments.training import watchdog
 from trees import packing as packing_lib
@@ -108,7 +121,7 @@ def check_config(cfg, reference=None, prefix=''):
   if cfg.sampler.name not in SAMPLERS:
     raise ValueError(f'unknown sampler {cfg.sampler.name!r}; valid: {", ".join(SAMPLERS)}')
   agent_samplers = agent_rollouts.SAMPLERS
-  for _, sampler in parse_methods(cfg.methods) + [(None, cfg.sampler.name)]:
+  for _, sampler, _ in parse_methods(cfg.methods) + [(None, cfg.sampler.name, '')]:
     if is_agent(cfg) and sampler not in agent_samplers:
       raise ValueError(f'sampler {sampler!r} does not play multi-turn environments; valid: '
                        f'{", ".join(agent_samplers)}')
@@ -126,25 +139,39 @@ def check_config(cfg, reference=None, prefix=''):
 
 
 def parse_methods(spec: str):
-  """'grpo:iid,tempo:tree_entropy' -> [('grpo', 'iid'), ('tempo', 'tree_entropy')]."""
+  """'grpo:iid,tempo:tree_entropy,grpo:iid:apa' -> [('grpo', 'iid', ''), ('tempo',
+  'tree_entropy', ''), ('grpo', 'iid', 'apa')]: credit estimator, sampler ('iid' if left
+  out) and an optional policy loss (`train_step.POLICY_LOSSES`; '' keeps `loss.policy_loss`)."""
   out = []
   for item in spec.split(','):
-    name, _, sampler = item.strip().partition(':')
+    name, _, rest = item.strip().partition(':')
+    sampler, _, loss = rest.partition(':')
     sampler = sampler or 'iid'
     credit.get(name)
     if sampler not in SAMPLERS:
       raise ValueError(f'unknown sampler {sampler!r} in method {item!r}; valid: '
                        f'{", ".join(SAMPLERS)}')
-    out.append((name, sampler))
+    if loss and loss not in ts.POLICY_LOSSES:
+      raise ValueError(f'unknown policy loss {loss!r} in method {item!r}; valid: '
+                       f'{", ".join(ts.POLICY_LOSSES)}')
+    out.append((name, sampler, loss))
   return out
 
 
+def method_name(name: str, sampler: str, loss: str = '') -> str:
+  """The canonical 'credit:sampler[:loss]' of a parsed method."""
+  return f'{name}:{sampler}:{loss}' if loss else f'{name}:{sampler}'
+
+
 def with_method(cfg, method: str):
-  """A copy of cfg with credit.name and sampler.name from 'credit:sampler'."""
-  (name, sampler), = parse_methods(method)
+  """A copy of cfg with credit.name, sampler.name (and loss.policy_loss, if the method
+  names one) from 'credit:sampler[:loss]'."""
+  (name, sampler, loss), = parse_methods(method)
   cfg = cfg.copy_and_resolve_references()
   cfg.credit.name = name
   cfg.sampler.name = sampler
+  if loss:
+    cfg.loss.policy_loss = loss
   return cfg
 
 
@@ -255,10 +282,11 @@ def group_process_rewards(prompts, tokens, mask, info, *, task):
           task.step_ends(p, tokens, mask, info) & mask)
 
 
-@functools.partial(jax.jit, static_argnames=('cfg', 'chunks'))
+@functools.partial(jax.jit, static_argnames=('cfg', 'chunks', 'with_entropy'))
 def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, packed=None, *, cfg,
-                  chunks: int = 1):
-  """Teacher-forced log-probs of [B, G, L] responses, 0 where masked.
+                  chunks: int = 1, with_entropy: bool = False):
+  """Teacher-forced log-probs of [B, G, L] responses, 0 where masked
+  (`with_entropy`: (log-probs, next-token entropies), both 0 where masked).
 
   `packed`: the groups' `trees.packing.Packing` (one forward per tree) or None (rows).
   `chunks`: the forward runs in sequential parts (`lax.map`): gcd(B * G, chunks) parts
@@ -278,22 +306,58 @@ def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, packed=None, *
     prompts_r = rows(prompts)
     plen = None if prompt_len is None else rows(prompt_len)
     parts = (prompts_r, tokens.reshape(n, l), plen)
-    part = lambda a: decoder.token_logprobs(params, cfg, *a)[0]
+    pick = (lambda out: out) if with_entropy else (lambda out: out[0])
+    part = lambda a: pick(decoder.token_logprobs(params, cfg, *a))
     if c == 1:
       lp = part(parts)
     else:  # [N, ...] -> [c, N / c, ...], part i = rows i, i + c, ...
       split = lambda x: None if x is None else x.reshape((n // c, c) + x.shape[1:]).swapaxes(0, 1)
-      lp = jax.lax.map(part, tuple(split(x) for x in parts)).swapaxes(0, 1)
-    return jnp.where(mask, lp.reshape(b, g, l), 0.0)
+      lp = jax.tree.map(lambda x: x.swapaxes(0, 1),
+                        jax.lax.map(part, tuple(split(x) for x in parts)))
+    return jax.tree.map(lambda x: jnp.where(mask, x.reshape(b, g, l), 0.0), lp)
   c = math.gcd(b, max(1, int(chunks)))
-  part = lambda a: decoder.packed_token_logprobs(params, cfg, a[0], a[1])[0]
+  pick = (lambda out: out) if with_entropy else (lambda out: out[0])
+  part = lambda a: pick(decoder.packed_token_logprobs(params, cfg, a[0], a[1]))
   if c == 1:
     lp = part((packed, tokens))
   else:  # groups i, i + c, ... per part
     split = lambda x: jax.tree.map(
         lambda a: a.reshape((b // c, c) + a.shape[1:]).swapaxes(0, 1), x)
-    lp = jax.lax.map(part, (split(packed), split(tokens))).swapaxes(0, 1).reshape(b, g, l)
-  return jnp.where(mask, lp, 0.0)
+    lp = jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(b, g, l),
+                      jax.lax.map(part, (split(packed), split(tokens))))
+  return jax.tree.map(lambda x: jnp.where(mask, x, 0.0), lp)
+
+
+@functools.partial(jax.jit, static_argnames=('cfg',))
+def prompt_logprobs(params, prompts, prompt_len=None, *, cfg):
+  """float32 [B, P]: teacher-forced log π(prompt token t | prompt tokens < t), 0 on the
+  first token and on padding (t >= prompt_len); one forward over the B prompts."""
+  b, p = prompts.shape
+  if p < 2:
+    return jnp.zeros((b, p), jnp.float32)
+  lp, _ = decoder.token_logprobs(params, cfg, prompts[:, :1], prompts[:, 1:])
+  lp = jnp.concatenate([jnp.zeros((b, 1), jnp.float32), lp], axis=1)
+  if prompt_len is None:
+    return lp
+  return jnp.where(jnp.arange(p)[None, :] < prompt_len[:, None], lp, 0.0)
+
+
+def context_prompts(problem, draw, prompts, prompt_len):
+  """(prompts, prompt_len) of the changed context for `Rollouts.context_logprobs` (GCPO,
+  PGPO): the task's `context_prompts(prompts, info)` if it defines one (a JAX task; same
+  shape, prompt_len unchanged), else the prompt of the next group in the batch (a roll by
+  one, lengths too): "the same kind of problem, another instance", defined for every task.
+  With one prompt per step the roll is the identity, so the context does not change."""
+  hook = getattr(getattr(problem, 'task', None), 'context_prompts', None)
+  if hook is not None and not isinstance(draw.handle, list):
+    return hook(prompts, draw.handle), prompt_len
+  return _roll_prompts(prompts, prompt_len)
+
+
+@jax.jit
+def _roll_prompts(prompts, prompt_len):
+  return (jnp.roll(prompts, -1, axis=0),
+          None if prompt_len is None else jnp.roll(prompt_len, -1, axis=0))
 
 
 def packing_applies(cfg, num_groups: int, num_devices: int = 1) -> bool:
@@ -339,26 +403,49 @@ _num_unique = jax.jit(lambda node: packing_lib.num_unique(node, 1 + node.shape[1
 
 
 @functools.lru_cache(maxsize=None)
-def credit_fn(name: str, hparams_json: str, tree: bool):
+def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False):
   """Jitted estimator (tree building included) for rollouts [B, G, L].
 
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
-  step_ends=None, policy_mask=None, turns=None) -> (advantages, loss mask); ref_logprobs
-  and the optional ones may be None (policy_mask and turns: multi-turn trajectories).
+  step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
+  context_logprobs=None, saliency=None, credit_state=None) -> (advantages, loss mask);
+  ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
+  trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
+  `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
+  batch, `credit.update_state`), in the same call.
   """
   est, hp = credit.get(name), json.loads(hparams_json)
 
   @jax.jit
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
-         step_ends=None, policy_mask=None, turns=None):
+         step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
+         context_logprobs=None, saliency=None, credit_state=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
-                               step_ends=step_ends, policy_mask=policy_mask, turns=turns)
+                               step_ends=step_ends, policy_mask=policy_mask, turns=turns,
+                               entropy=entropy, prompt_logprobs=prompt_logprobs,
+                               context_logprobs=context_logprobs, saliency=saliency,
+                               credit_state=credit_state)
     adv = est(rollouts, **hp)
-    return adv, credit.loss_mask(name, rollouts, adv, **hp)
+    keep = credit.loss_mask(name, rollouts, adv, **hp)
+    if not with_state:
+      return adv, keep
+    return adv, keep, credit.update_state(name, credit_state, rollouts, **hp)
 
   return fn
+
+
+def state_metrics(credit_state) -> dict:
+  """{'credit_state/<path>': float} of the scalar leaves of a stateful estimator's state
+  (logged in the metric rows; larger leaves are not)."""
+  name = lambda k: str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
+  out = {}
+  for path, x in jax.tree_util.tree_leaves_with_path(credit_state):
+    if np.size(x) == 1:
+      key = '.'.join(name(k) for k in path) or 'value'
+      out[f'credit_state/{key}'] = float(ts.host_value(x).reshape(()))
+  return out
 
 
 @functools.partial(jax.jit, static_argnames=('task', 'n'))
@@ -469,17 +556,21 @@ def _manager(path):
                                            create=True, cleanup_tmp_directories=True))
 
 
-def _state_tree(state: ts.TrainState):
-  return {'params': state.params, 'opt_state': state.opt_state, 'step': state.step,
+def _state_tree(state: ts.TrainState, credit_state=None):
+  tree = {'params': state.params, 'opt_state': state.opt_state, 'step': state.step,
           'rng': state.rng}
+  if credit_state is not None:  # a stateful estimator's state, saved with the step's
+    tree['credit_state'] = credit_state
+  return tree
 
 
-def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict):
+def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, credit_state=None):
   """Saves `step` (orbax writes a temporary directory and renames it when complete, so a
-  save cut short leaves the previous checkpoints intact). A failed write (e.g. a full disk)
+  save cut short leaves the previous checkpoints intact), with `credit_state` (a stateful
+  estimator's state after that step) when given. A failed write (e.g. a full disk)
   raises an error (OSError for an OS error, same errno; else RuntimeError) naming the
   checkpoint and the newest intact one a rerun resumes from."""
-  tree = ts.to_global(_state_tree(state))  # a multi-process job saves global arrays only
+  tree = ts.to_global(_state_tree(state, credit_state))  # multi-process: global arrays only
   try:
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                             meta=ocp.args.JsonSave(meta)), force=True)
@@ -515,9 +606,12 @@ def _set_aside(mngr, step: int) -> str:
   return dst
 
 
-def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
+def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
+                       credit_state=None):
   """(state, meta) from the newest intact checkpoint, or (None, None) if there is none;
-  refuses another config's.
+  refuses another config's. With a `credit_state` template (a stateful estimator's state,
+  shapes and dtypes) it returns (state, meta, credit_state), the last from the checkpoint
+  or, if there is none, the template itself.
 
   A checkpoint that cannot be read (truncated or garbled files, a missing item) is set aside
   as `<step>.corrupt` with a warning naming it, and the one before it is tried: the run
@@ -545,7 +639,7 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
           'Use another --workdir or delete the checkpoints to start over.')
     # Restored with the template's shardings (whatever mesh or process count wrote it).
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                            ts.to_global(_state_tree(template)))
+                            ts.to_global(_state_tree(template, credit_state)))
     try:
       tree = mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract)))['state']
@@ -555,6 +649,7 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
       continue
     state = template.replace(params=tree['params'], opt_state=tree['opt_state'],
                              step=tree['step'], rng=tree['rng'])
+    restored_credit = tree.get('credit_state')
     break
   if bad:
     good = ('starting over (no intact checkpoint)' if state is None
@@ -569,7 +664,9 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict):
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices('treecredit_checkpoint_set_aside')
     mngr.reload()
-  return state, meta
+  if credit_state is None:
+    return state, meta
+  return state, meta, (restored_credit if state is not None else credit_state)
 
 
 # ----------------------------------------------------------------------------
@@ -738,15 +835,27 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   flat['init_params_sum'] = float(sum(float(jnp.sum(x)) for x in jax.tree.leaves(init_params)))
   fp = hashlib.sha1((fp + repr(flat['init_params_sum'])).encode()).hexdigest()
 
-  mesh = ts.make_mesh(cfg.mesh.fsdp)
+  mesh = ts.make_mesh(cfg.mesh.fsdp, model=cfg.mesh.get('model', 1))
+  ts.check_model_axis(pcfg, ts.mesh_axis(mesh, 'model'))  # a clear error, before any work
   o = cfg.optimizer
   tx = ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.grad_clip, o.b1, o.b2,
                          lora_only=pcfg.lora_rank > 0)
   state = ts.shard_state(ts.init_state(jax.tree.map(jnp.copy, init_params), tx, seed=run_seed),
                          mesh)  # so a checkpoint restores straight onto the mesh
+  hparams_json = json.dumps(cfg.credit.hparams.to_dict() if hasattr(cfg.credit.hparams, 'to_dict')
+                            else dict(cfg.credit.hparams), sort_keys=True)
+  hparams = json.loads(hparams_json)
+  needs = credit.needs(cfg.credit.name)
+  stateful = credit.stateful(cfg.credit.name)
+  # A stateful estimator's state (pass-rate EMAs, curricula, ...): carried and checkpointed.
+  credit_state = (jax.tree.map(jnp.asarray, credit.init_state(cfg.credit.name, **hparams))
+                  if stateful else None)
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   watchdog.register_checkpoints(os.path.join(workdir, 'checkpoints'))  # named if a peer dies
-  restored, meta = restore_checkpoint(mngr, state, fp, flat)
+  if stateful:
+    restored, meta, credit_state = restore_checkpoint(mngr, state, fp, flat, credit_state)
+  else:
+    restored, meta = restore_checkpoint(mngr, state, fp, flat)
   start, wall0 = 0, 0.0
   if restored is not None:
     state, start, wall0 = restored, meta['rl_step'], meta['wall_s']
@@ -758,14 +867,15 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   gen_total = max([r.get('generated_tokens_total', 0.0) for r in old_rows] + [0.0])
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   scfg, b = cfg.sampler, cfg.rl.prompts_per_step
-  est = credit_fn(cfg.credit.name, json.dumps(cfg.credit.hparams.to_dict()
-                                              if hasattr(cfg.credit.hparams, 'to_dict')
-                                              else dict(cfg.credit.hparams), sort_keys=True),
-                  scfg.name != 'iid')
-  need_ref = loss_cfg.kl_coef > 0 or 'ref_logprobs' in credit.needs(cfg.credit.name)
+  est = credit_fn(cfg.credit.name, hparams_json, scfg.name != 'iid', stateful)
+  need_ref = loss_cfg.needs_ref or 'ref_logprobs' in needs  # KL loss/reward, APA's anchor
+  need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
+  need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
+  saliency_kw = dict(kind=hparams.get('saliency_kind', 'grad_norm'),
+                     answer_tokens=int(hparams.get('answer_tokens', 0)))
   # Old / reference log-probs run over the batch in the update step's parts (rows_logprobs).
   lp_chunks = loss_cfg.num_minibatches * loss_cfg.num_microbatches
-  need_process = 'token_rewards' in credit.needs(cfg.credit.name)
+  need_process = bool({'token_rewards', 'step_ends'} & set(needs))
   if need_process and not hasattr(problem, 'process_rewards'):
     raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards, which text '
                      f'tasks and multi-turn environments do not provide; use a JAX '
@@ -778,15 +888,18 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
     raise ValueError(f'credit {cfg.credit.name!r} assigns credit to the turns of multi-turn '
                      f'trajectories; task {cfg.task.name!r} is single-turn (use a multi-turn '
                      f'environment, configs/agents.py)')
-  use_packing, pack_len = packing_applies(cfg, b, mesh.size), 0
+  n_dev = ts.row_shards(mesh)  # devices that hold different rows ('model' repeats them)
+  use_packing, pack_len = packing_applies(cfg, b, n_dev), 0
   key = jax.random.PRNGKey(run_seed)
-  n_dev = mesh.size
   t_start = time.time() - wall0
   step = start
 
   def meta_now():
     return dict(fingerprint=fp, config=flat, rl_step=step, wall_s=time.time() - t_start,
                 method=method)
+
+  def checkpoint():  # the train state and the credit state after `step`, together
+    save_checkpoint(mngr, step, state, meta_now(), credit_state)
 
   bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
              initial=start, total=cfg.rl.steps, leave=False)
@@ -807,7 +920,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
         samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw)
       else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
-        with jax.set_mesh(mesh) if n_dev > 1 else contextlib.nullcontext():
+        with jax.set_mesh(mesh) if mesh.size > 1 else contextlib.nullcontext():
           samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
                            prompts, prompt_ids=draw.prompt_ids, prompt_len=plen)
       rewards, reward_metrics = problem.rewards(draw, samples)
@@ -817,11 +930,36 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if use_packing:
         packed = pack_groups(cfg.train, prompts, samples, plen, pack_len)
         pack_len = packed.pack_len
+      policy_mask = getattr(samples, 'policy_mask', None)
+      entropy = getattr(samples, 'entropy', None) if need_entropy else None
+      tf_entropy = need_entropy and entropy is None  # multi-turn: from a teacher-forced pass
       if cfg.rl.recompute_logprobs:  # teacher-forced: ratio exactly 1 at the first update
         old_lp = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen,
-                               packed, cfg=pcfg, chunks=lp_chunks)
+                               packed, cfg=pcfg, chunks=lp_chunks, with_entropy=tf_entropy)
+        if tf_entropy:
+          old_lp, entropy = old_lp
       else:  # the sampler's untempered log-probs (same params; equal up to float rounding)
         old_lp = samples.logprobs
+        if tf_entropy:
+          entropy = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen,
+                                  packed, cfg=pcfg, chunks=lp_chunks, with_entropy=True)[1]
+      if tf_entropy and policy_mask is not None:  # the policy's own steps only
+        entropy = jnp.where(policy_mask, entropy, 0.0)
+      extra = dict(entropy=entropy)
+      if need_prompt_lp:
+        extra['prompt_logprobs'] = prompt_logprobs(state.params, prompts, plen, cfg=pcfg)
+      if need_context:  # one teacher-forced pass with the prompt changed (flat rows)
+        ctx_prompts, ctx_plen = context_prompts(problem, draw, prompts, plen)
+        ctx = rows_logprobs(state.params, ctx_prompts, samples.tokens, samples.mask, ctx_plen,
+                            None, cfg=pcfg, chunks=lp_chunks)
+        extra['context_logprobs'] = (ctx if policy_mask is None
+                                     else jnp.where(policy_mask, ctx, 0.0))
+      if need_saliency:  # one extra backward pass
+        extra['saliency'] = saliency_lib.token_saliency(
+            state.params, prompts, samples.tokens, samples.mask, plen, policy_mask, cfg=pcfg,
+            chunks=lp_chunks, **saliency_kw)
+      if stateful:
+        extra['credit_state'] = credit_state
       ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, plen, packed,
                               cfg=pcfg, chunks=lp_chunks) if need_ref else None)
       train_rewards = rewards
@@ -835,9 +973,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                if hasattr(problem, 'turns') else None)
       if turns is not None:  # values are checked on the host: `est` is jitted (tracers)
         credit.validate_turns(turns, samples)
-      adv, loss_mask = est(samples.tokens, samples.mask, train_rewards, samples.parent,
-                           samples.fork, old_lp, ref_lp, *process,
-                           policy_mask=getattr(samples, 'policy_mask', None), turns=turns)
+      out = est(samples.tokens, samples.mask, train_rewards, samples.parent, samples.fork,
+                old_lp, ref_lp, *process, policy_mask=policy_mask, turns=turns, **extra)
+      adv, loss_mask = out[:2]
+      next_credit_state = out[2] if stateful else None  # committed with the update below
       adv.block_until_ready()
       t3 = time.perf_counter()
       batch = ts.batch_from_samples(prompts, samples.tokens, loss_mask, adv, old_lp, ref_lp,
@@ -845,7 +984,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if (b if packed is not None else batch.tokens.shape[0]) % n_dev == 0:
         batch = ts.shard_batch(batch, mesh)
       state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
-      step = i + 1  # `state` is now the state after this step (the old one was donated)
+      # `state` is now the state after this step (the old one was donated)
+      step, credit_state = i + 1, (next_credit_state if stateful else None)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                      interrupted=True)
       m = {k_: float(v) for k_, v in m.items()}
@@ -870,7 +1010,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,
                  step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),
                  train_tokens_per_s=ntok * loss_cfg.num_epochs / (t4 - t3),
-                 credit_frac=(t3 - t2) / (t4 - t0), **reward_metrics)
+                 credit_frac=(t3 - t2) / (t4 - t0), **reward_metrics,
+                 **(state_metrics(credit_state) if stateful else {}))
       pending = row  # update applied, row not yet written (see KeyboardInterrupt below)
       if step % cfg.eval.every == 0 or step == cfg.rl.steps:
         last_eval = problem.evaluate(state.params, cfg.eval)
@@ -880,12 +1021,12 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       bar.set_postfix(reward=f'{row["reward"]:.2f}',
                       acc=f'{last_eval.get("greedy_acc", float("nan")):.2f}')
       if step % cfg.rl.ckpt_every == 0 or step == cfg.rl.steps:
-        save_checkpoint(mngr, step, state, meta_now())
+        checkpoint()
   except KeyboardInterrupt:
     if pending is not None:  # interrupted during eval: keep the update, log it without eval
       writer.write(pending)
     if mngr.latest_step() != step:
-      save_checkpoint(mngr, step, state, meta_now())
+      checkpoint()
     mngr.close()
     print(f'\nInterrupted: saved step {step} to {workdir}/checkpoints; rerun to resume.')
     raise

@@ -31,9 +31,18 @@ tokens, S sequences, len_n valid tokens in row n and L_max = response length:
 
 Sequences with len_n = 0 get weight 0 and still count in S (they are rows of the batch).
 
-Policy loss (per token, r = exp(logp - old_logp), A the advantage):
+Policy loss (per token, r = exp(logp - old_logp), A the advantage), `LossConfig.policy_loss`:
+  'clip' (default):
   pg = max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A)        (clip-higher when eps_high > eps_low)
   pg = min(pg, -dual_clip * A) where A < 0                       (dual-clip, Ye et al. 2020; off if 0)
+  'rgra' (#61, REINFORCE with group-relative advantages: no ratio, no clip):
+  pg = -A logp
+  'apa' (#66, squared error to the advantage-induced target pi_anchor exp(A / lam)):
+  pg = (lam / 2) (logp - anchor_logp - A / lam)^2,  lam = apa_coef, anchor = ref or old
+  (lam / 2 times the paper's loss: the same minimiser, and gradient -A at logp = anchor)
+  'em' (#156, EM with preferred (A > 0) and dis-preferred (A < 0) samples, alpha = em_alpha):
+  pg = -(alpha [A > 0] - (1 - alpha) [A < 0]) logp   (the dis-preferred term is unbounded
+  below: the paper pairs it with a KL to the reference, kl_coef > 0 here)
   l  = pg + kl_coef * KL_k(logp, ref_logp) - entropy_coef * H
 KL in the loss needs `ref_logprobs`; `kl_in_reward` (the loop's job) instead
 subtracts kl_coef * sum_t k1(old, ref) from each response's reward before credit.
@@ -41,6 +50,7 @@ subtracts kl_coef * sum_t k1(old, ref) from each response's reward before credit
 
 import dataclasses
 import functools
+import math
 from typing import Mapping, Optional
 
 import jax
@@ -55,6 +65,8 @@ from experiments.models import decoder
 from trees import packing as packing_lib
 
 AGG_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm')
+POLICY_LOSSES = ('clip', 'rgra', 'apa', 'em')
+APA_ANCHORS = ('ref', 'old')
 
 
 @struct.dataclass
@@ -104,10 +116,23 @@ class LossConfig:
   num_epochs: int = 1
   num_minibatches: int = 1
   num_microbatches: int = 1        # gradient accumulation inside a minibatch
+  policy_loss: str = 'clip'        # one of POLICY_LOSSES (module docstring)
+  apa_coef: float = 1.0            # 'apa': lam > 0, the KL strength of the target pi exp(A/lam)
+  apa_anchor: str = 'ref'          # 'apa': pi_anchor = the reference ('ref') or sampling ('old')
+  em_alpha: float = 0.5            # 'em': weight of preferred samples, 1 - it of dis-preferred
 
   def __post_init__(self):
     if self.agg not in AGG_MODES:
       raise ValueError(f'unknown loss aggregation {self.agg!r}; valid: {", ".join(AGG_MODES)}')
+    if self.policy_loss not in POLICY_LOSSES:
+      raise ValueError(f'unknown policy_loss {self.policy_loss!r}; valid: '
+                       f'{", ".join(POLICY_LOSSES)}')
+    if not self.apa_coef > 0:
+      raise ValueError(f'apa_coef (APA\'s lambda) must be > 0, got {self.apa_coef}')
+    if self.apa_anchor not in APA_ANCHORS:
+      raise ValueError(f'unknown apa_anchor {self.apa_anchor!r}; valid: {", ".join(APA_ANCHORS)}')
+    if not 0.0 <= self.em_alpha <= 1.0:
+      raise ValueError(f'em_alpha must be in [0, 1], got {self.em_alpha}')
     if self.kl_estimator not in ('k1', 'k2', 'k3'):
       raise ValueError(f'unknown KL estimator {self.kl_estimator!r}; valid: k1, k2, k3')
     if self.dual_clip and self.dual_clip <= 1.0:
@@ -119,6 +144,11 @@ class LossConfig:
   @property
   def kl_loss(self) -> bool:
     return self.kl_coef > 0 and not self.kl_in_reward
+
+  @property
+  def needs_ref(self) -> bool:
+    """Whether the update (or the reward's KL) reads reference log-probs."""
+    return self.kl_coef > 0 or (self.policy_loss == 'apa' and self.apa_anchor == 'ref')
 
 
 # ----------------------------------------------------------------------------
@@ -247,6 +277,40 @@ def batch_logprobs(params, cfg: decoder.PolicyConfig, mb: Batch):
   return lp.reshape(n, l), ent.reshape(n, l)
 
 
+def surrogate(loss_cfg: LossConfig, logp, old_logprobs, adv, mask, ref_logprobs=None):
+  """Per-token policy loss pg [N, L] of `loss_cfg.policy_loss` (module docstring), before
+  the entropy and KL terms, with the ratio r and log r (0 off `mask`).
+
+  `adv` must be 0 off `mask`. 'clip' and 'rgra' have the same gradient at r = 1, and so
+  has 'apa' at logp = anchor; 'em' with em_alpha 1/2 is 'rgra' on sign(A) / 2.
+  clip_frac (`policy_loss`'s metric) counts what the clip would clip, whatever the loss.
+  """
+  log_ratio = jnp.where(mask, logp - old_logprobs, 0.0)
+  ratio = jnp.exp(log_ratio)
+  if loss_cfg.policy_loss == 'clip':
+    clipped = jnp.clip(ratio, 1.0 - loss_cfg.eps_low, 1.0 + loss_cfg.eps_high)
+    pg = jnp.maximum(-ratio * adv, -clipped * adv)
+    if loss_cfg.dual_clip:
+      pg = jnp.where(adv < 0, jnp.minimum(pg, -loss_cfg.dual_clip * adv), pg)
+  elif loss_cfg.policy_loss == 'rgra':
+    pg = -adv * jnp.where(mask, logp, 0.0)
+  elif loss_cfg.policy_loss == 'apa':
+    if loss_cfg.apa_anchor == 'ref' and ref_logprobs is None:
+      raise ValueError("policy_loss='apa' with apa_anchor='ref' needs batch.ref_logprobs "
+                       "(LossConfig.needs_ref); apa_anchor='old' uses the sampling policy")
+    anchor = ref_logprobs if loss_cfg.apa_anchor == 'ref' else old_logprobs
+    lam = loss_cfg.apa_coef
+    pg = 0.5 * lam * jnp.square(jnp.where(mask, logp - anchor, 0.0) - adv / lam)
+  elif loss_cfg.policy_loss == 'em':
+    alpha = loss_cfg.em_alpha
+    weight = jnp.where(adv > 0, alpha, 0.0) - jnp.where(adv < 0, 1.0 - alpha, 0.0)
+    pg = -weight * jnp.where(mask, logp, 0.0)
+  else:
+    raise ValueError(f'unknown policy_loss {loss_cfg.policy_loss!r}; valid: '
+                     f'{", ".join(POLICY_LOSSES)}')
+  return pg, ratio, log_ratio
+
+
 def policy_loss(params, cfg: decoder.PolicyConfig, loss_cfg: LossConfig, mb: Batch, weights):
   """Weighted-sum surrogate loss of a (micro)batch -> (loss, aux sums weighted by `weights`).
 
@@ -257,12 +321,7 @@ def policy_loss(params, cfg: decoder.PolicyConfig, loss_cfg: LossConfig, mb: Bat
   logp, ent = batch_logprobs(params, cfg, mb)
   mask = mb.mask
   adv = jnp.where(mask, mb.advantages, 0.0)
-  log_ratio = jnp.where(mask, logp - mb.old_logprobs, 0.0)
-  ratio = jnp.exp(log_ratio)
-  clipped = jnp.clip(ratio, 1.0 - loss_cfg.eps_low, 1.0 + loss_cfg.eps_high)
-  pg = jnp.maximum(-ratio * adv, -clipped * adv)
-  if loss_cfg.dual_clip:
-    pg = jnp.where(adv < 0, jnp.minimum(pg, -loss_cfg.dual_clip * adv), pg)
+  pg, ratio, log_ratio = surrogate(loss_cfg, logp, mb.old_logprobs, adv, mask, mb.ref_logprobs)
   per_token = pg - loss_cfg.entropy_coef * ent
   kl_ref = jnp.zeros_like(pg)
   if loss_cfg.kl_loss:
@@ -448,57 +507,158 @@ def maybe_initialize_distributed() -> bool:
   return True
 
 
-def make_mesh(fsdp: int = 1, devices=None) -> Mesh:
-  """Mesh ('data', 'fsdp') over `devices` (default all): data = n_devices // fsdp."""
+MESH_AXES = ('data', 'fsdp', 'model')
+ROW_AXES = ('data', 'fsdp')  # split the rows of a batch or KV cache; 'model' replicates them
+
+
+def make_mesh(fsdp: int = 1, devices=None, model: int = 1) -> Mesh:
+  """Mesh ('data', 'fsdp', 'model') over `devices` (default all): data = n / (fsdp * model).
+
+  'model' is the tensor-parallel axis (Megatron column / row splits of heads, MLP width
+  and vocabulary; `PARAM_AXES`), its devices adjacent in `devices` order. model = 1 is
+  the fsdp-only layout: the axis is there with size 1 and splits nothing.
+  """
   devices = jax.devices() if devices is None else list(devices)
-  if len(devices) % fsdp:
-    raise ValueError(f'fsdp={fsdp} does not divide {len(devices)} devices')
-  return Mesh(np.asarray(devices).reshape(len(devices) // fsdp, fsdp), ('data', 'fsdp'))
+  if fsdp < 1 or model < 1:
+    raise ValueError(f'fsdp={fsdp} and model={model} must be >= 1')
+  if len(devices) % (fsdp * model):
+    raise ValueError(f'fsdp={fsdp} x model={model} does not divide {len(devices)} devices')
+  return Mesh(np.asarray(devices).reshape(len(devices) // (fsdp * model), fsdp, model),
+              MESH_AXES)
+
+
+def mesh_axis(mesh: Mesh, name: str) -> int:
+  """Size of a mesh axis, 1 if the mesh has no such axis."""
+  return dict(mesh.shape).get(name, 1)
+
+
+def row_shards(mesh: Mesh) -> int:
+  """Number of parts the rows of a batch split into (`batch_sharding`): data x fsdp."""
+  return math.prod(mesh_axis(mesh, a) for a in ROW_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (row / prompt) axis split over every device of the mesh."""
-  return NamedSharding(mesh, P(('data', 'fsdp')))
+  """Leading (row / prompt) axis split over ('data', 'fsdp'), replicated over 'model'."""
+  return NamedSharding(mesh, P(ROW_AXES))
 
 
-def leaf_spec(shape, fsdp: int) -> P:
-  """PartitionSpec of one parameter (or optimizer moment) over the ('data', 'fsdp') mesh.
+# Logical axes of every parameter leaf (MaxText style), by the last two keys of its path,
+# (module, leaf): the same for its optimizer moments, whose paths end alike. Stacked
+# block leaves lead with 'layers'. LoRA adapters (qwix: A [layers, prod(in), r], B
+# [layers, r, prod(out)]) name a flattened heads x head_dim axis 'heads' / 'kv_heads':
+# split into `model` equal parts it is split by whole heads.
+_QKV = {'q': 'heads', 'k': 'kv_heads', 'v': 'kv_heads'}
+PARAM_AXES = {
+    ('embed', 'embedding'): ('vocab', 'embed'),
+    ('head', 'kernel'): ('embed', 'vocab'),
+    ('final_norm', 'scale'): ('embed',),
+    ('attn_norm', 'scale'): ('layers', 'embed'),
+    ('mlp_norm', 'scale'): ('layers', 'embed'),
+    ('q_norm', 'scale'): ('layers', 'head_dim'),
+    ('k_norm', 'scale'): ('layers', 'head_dim'),
+    **{(m, 'kernel'): ('layers', 'embed', h, 'head_dim') for m, h in _QKV.items()},
+    **{(m, 'bias'): ('layers', h, 'head_dim') for m, h in _QKV.items()},
+    **{(m, 'kernel_lora_a'): ('layers', 'embed', 'lora') for m in _QKV},
+    **{(m, 'kernel_lora_b'): ('layers', 'lora', h) for m, h in _QKV.items()},
+    ('o', 'kernel'): ('layers', 'heads', 'head_dim', 'embed'),
+    ('o', 'bias'): ('layers', 'embed'),
+    ('o', 'kernel_lora_a'): ('layers', 'heads', 'lora'),
+    ('o', 'kernel_lora_b'): ('layers', 'lora', 'embed'),
+    **{(m, 'kernel'): ('layers', 'embed', 'mlp') for m in ('gate', 'up')},
+    **{(m, 'bias'): ('layers', 'mlp') for m in ('gate', 'up')},
+    **{(m, 'kernel_lora_a'): ('layers', 'embed', 'lora') for m in ('gate', 'up')},
+    **{(m, 'kernel_lora_b'): ('layers', 'lora', 'mlp') for m in ('gate', 'up')},
+    ('down', 'kernel'): ('layers', 'mlp', 'embed'),
+    ('down', 'bias'): ('layers', 'embed'),
+    ('down', 'kernel_lora_a'): ('layers', 'mlp', 'lora'),
+    ('down', 'kernel_lora_b'): ('layers', 'lora', 'embed'),
+}
+# Logical axis -> mesh axis of tensor parallelism (Megatron): q / k / v and gate / up
+# split their outputs (columns), o and down their inputs (rows), so a block needs one
+# all-reduce after attention and one after the MLP; the embedding and the output head
+# split the vocabulary (the log-softmax reduces over it: `decoder.pick_logprob`).
+# 'fsdp' is not in the table: it takes the largest remaining axis it divides (`leaf_spec`).
+LOGICAL_RULES = {'heads': 'model', 'kv_heads': 'model', 'mlp': 'model', 'vocab': 'model'}
 
-  Replicated when fsdp == 1; otherwise the largest axis divisible by fsdp is split
-  over 'fsdp' (ties: the later axis), e.g. the vocab axis of an embedding, d_ff of an
-  MLP kernel, the model axis of stacked [layers, d_model, heads, head_dim] kernels.
-  A function of the shape only, so Adam moments get their parameter's spec.
+
+def logical_axes(path) -> Optional[tuple]:
+  """A leaf's logical axes (`PARAM_AXES`) from its key path (params, a TrainState, an
+  optimizer state); None for leaves that are not parameters (step, rng, counts)."""
+  keys = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+  return PARAM_AXES.get(keys[-2:]) if len(keys) >= 2 else None
+
+
+def leaf_spec(shape, fsdp: int, model: int = 1, axes: Optional[tuple] = None) -> P:
+  """PartitionSpec of one parameter (or optimizer moment) over the mesh.
+
+  model > 1: the axis whose logical name (`axes`, from `PARAM_AXES`) `LOGICAL_RULES`
+  maps to 'model' is split over 'model' (a ValueError if model does not divide it);
+  leaves without logical axes are not split over 'model'. Then, if fsdp > 1, the
+  largest remaining axis divisible by fsdp is split over 'fsdp' (ties: the later
+  axis), e.g. the vocab axis of an embedding, d_ff of an MLP kernel, the model axis of
+  stacked [layers, d_model, heads, head_dim] kernels; replicated over 'fsdp' if none
+  is. With model == 1 a function of the shape only.
   """
-  if fsdp > 1 and len(shape):
+  shape = tuple(shape)
+  parts = [None] * len(shape)
+  if model > 1 and axes is not None:
+    if len(axes) != len(shape):
+      raise ValueError(f'logical axes {axes} do not match a parameter of shape {shape}')
+    for ax, name in enumerate(axes):
+      if LOGICAL_RULES.get(name) == 'model':
+        if shape[ax] % model:
+          raise ValueError(f"mesh model={model} does not divide the {name!r} axis "
+                           f"({shape[ax]}) of a parameter of shape {shape}")
+        parts[ax] = 'model'
+        break
+  if fsdp > 1:
     for ax in np.argsort(shape, kind='stable')[::-1]:
-      if shape[ax] % fsdp == 0:
-        parts = [None] * len(shape)
+      if parts[ax] is None and shape[ax] % fsdp == 0:
         parts[ax] = 'fsdp'
-        return P(*parts)
-  return P()
+        break
+  return P(*parts) if any(p is not None for p in parts) else P()
 
 
-def param_specs(params, fsdp: int):
-  """PartitionSpecs for a params pytree (arrays or ShapeDtypeStructs)."""
-  return jax.tree.map(lambda x: leaf_spec(tuple(getattr(x, 'shape', ())), fsdp), params)
+def param_specs(tree, fsdp: int, model: int = 1):
+  """PartitionSpecs (`leaf_spec`) for a params pytree, or any pytree holding params (a
+  TrainState: each optimizer moment gets its parameter's spec), arrays or
+  ShapeDtypeStructs."""
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: leaf_spec(tuple(getattr(x, 'shape', ())), fsdp, model, logical_axes(p)),
+      tree)
 
 
-def _leaf_sharding(x, mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, leaf_spec(tuple(getattr(x, 'shape', ())), mesh.shape['fsdp']))
+def check_model_axis(cfg: decoder.PolicyConfig, model: int):
+  """Refuses a tensor-parallel degree the decoder cannot split: `model` must divide the
+  query heads, the kv heads, the MLP width and the vocabulary."""
+  if model < 1:
+    raise ValueError(f'mesh model={model} must be >= 1')
+  sizes = dict(num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads, d_ff=cfg.d_ff,
+               vocab_size=cfg.vocab_size)
+  bad = [f'{k}={v}' for k, v in sizes.items() if v % model]
+  if bad:
+    raise ValueError(f'mesh model={model} (tensor parallelism) must divide the query heads, '
+                     f'kv heads, MLP width and vocabulary of the model '
+                     f'({", ".join(f"{k}={v}" for k, v in sizes.items())}); it does not '
+                     f'divide {", ".join(bad)}')
 
 
-def param_sharding(params, mesh: Mesh):
-  """Shardings for a params pytree (replicated unless the mesh has fsdp > 1)."""
-  return jax.tree.map(lambda x: _leaf_sharding(x, mesh), params)
+def param_sharding(tree, mesh: Mesh):
+  """Shardings (`param_specs` over the mesh's fsdp and model sizes) for a params pytree
+  or a TrainState; replicated when both are 1."""
+  specs = param_specs(tree, mesh_axis(mesh, 'fsdp'), mesh_axis(mesh, 'model'))
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                      is_leaf=lambda s: isinstance(s, P))
 
 
 def shard_state(state: TrainState, mesh: Mesh) -> TrainState:
-  """Places params and optimizer state (fsdp-sharded or replicated) on the mesh."""
-  return jax.tree.map(lambda x: jax.device_put(x, _leaf_sharding(x, mesh)), state)
+  """Places params and optimizer state (`param_sharding`) on the mesh."""
+  return jax.tree.map(jax.device_put, state, param_sharding(state, mesh))
 
 
 def shard_batch(batch, mesh: Mesh):
-  """Row axis of every array in `batch` over the mesh (rows must divide the device count)."""
+  """Row axis of every array in `batch` over ('data', 'fsdp') (rows must divide
+  `row_shards(mesh)`)."""
   sh = batch_sharding(mesh)
   return jax.tree.map(lambda x: jax.device_put(x, sh), batch)
 

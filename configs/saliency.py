@@ -1,0 +1,9 @@
+"""Gradient-saliency token weighting (GRAIL #55: one extra backward pass) vs GRPO, i.i.d. groups of 8, on scratch_add (issue 22).
+(`configs.tempo.family`: the main job's budget, 5 seeds, matched generated tokens.)
+"""
+
+from configs import tempo
+
+
+def get_config():
+  return tempo.family('grail:iid')

@@ -1,0 +1,150 @@
+"""The loop's side of the reweighting estimators: a stateful estimator's state is carried,
+logged, checkpointed and restored exactly (interrupted runs give the uninterrupted rows),
+and the optional Rollouts inputs (entropy, prompt / changed-context log-probs, saliency)
+reach an estimator that needs them, equal to direct computations, and only then."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import credit
+from credit import registry
+from credit.outcome import grpo
+from experiments.training import loop
+from experiments.training import saliency as saliency_lib
+from tests.test_resume import Crash, init_params, strip, tiny_cfg
+
+STATEFUL, PROBE = "_test_ema_grpo", "_test_fields_probe"
+DECAY = 0.5
+OPTIONAL = ("entropy", "prompt_logprobs", "context_logprobs", "saliency")
+CAPTURED = []
+
+
+def ema_init():
+  return {"ema": jnp.float32(0.0), "count": jnp.int32(0)}
+
+
+def ema_update(state, rollouts):
+  mean = jnp.mean(jnp.asarray(rollouts.rewards, jnp.float32))
+  return {"ema": DECAY * state["ema"] + (1 - DECAY) * mean, "count": state["count"] + 1}
+
+
+def ema_grpo(rollouts):
+  """GRPO scaled by 1 + an EMA of the batch mean reward (the state before this batch)."""
+  if rollouts.credit_state is None:
+    raise ValueError("needs rollouts.credit_state")
+  for field in OPTIONAL:  # not needed: the loop computes nothing (trace-time check)
+    if getattr(rollouts, field) is not None:
+      raise ValueError(f"{field} was computed although not needed")
+  return grpo(rollouts) * (1.0 + rollouts.credit_state["ema"])
+
+
+def fields_probe(rollouts):
+  """GRPO; records the optional inputs it needs (host callback) after checking them."""
+  for field in OPTIONAL:
+    if getattr(rollouts, field) is None:
+      raise ValueError(f"{field} missing")
+  jax.debug.callback(lambda *a: CAPTURED.append(a), rollouts.tokens, rollouts.mask,
+                     *(getattr(rollouts, f) for f in OPTIONAL))
+  return grpo(rollouts)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def toy_estimators():
+  registry.register(STATEFUL, state=(ema_init, ema_update))(ema_grpo)
+  registry.register(PROBE, needs=OPTIONAL)(fields_probe)
+  yield
+  for name in (STATEFUL, PROBE):
+    for table in (registry._REGISTRY, registry._NEEDS, registry._STATES):
+      table.pop(name, None)
+
+
+def rows_of(workdir):
+  return loop.read_metrics(workdir / "metrics.jsonl")
+
+
+def train(cfg, workdir):
+  return loop.train(cfg, str(workdir), init_params(cfg), method=f"{STATEFUL}:iid")
+
+
+def test_stateful_estimator_resumes_exactly_and_state_matches_recomputation(tmp_path,
+                                                                            monkeypatch):
+  assert credit.stateful(STATEFUL) and not credit.stateful("grpo")
+  cfg = tiny_cfg(4)
+  straight = train(cfg, tmp_path / "a")
+  want = rows_of(tmp_path / "a")
+
+  # The state after each step, recomputed in plain Python from the logged batch rewards.
+  ema = 0.0
+  for row in want[1:]:
+    ema = DECAY * ema + (1 - DECAY) * row["reward"]
+    assert row["credit_state/ema"] == pytest.approx(ema, rel=1e-6, abs=1e-7)
+    assert row["credit_state/count"] == row["step"]
+  assert ema > 0  # the state moved, so the advantages depended on it
+
+  # Ctrl-C while sampling step 3 (no periodic checkpoint): the interrupt saves step 2 with
+  # its credit state; the rerun finishes exactly like the uninterrupted run.
+  c = cfg.copy_and_resolve_references()
+  c.rl.ckpt_every = 100
+  real_sample, calls = loop.sample, {"n": 0}
+
+  def interrupted(*a, **k):
+    calls["n"] += 1
+    if calls["n"] == 3:
+      raise KeyboardInterrupt
+    return real_sample(*a, **k)
+
+  monkeypatch.setattr(loop, "sample", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    train(c, tmp_path / "b")
+  monkeypatch.setattr(loop, "sample", real_sample)
+  assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["2"]
+  again = train(c, tmp_path / "b")
+  assert strip(rows_of(tmp_path / "b")) == strip(want)
+
+  # A crash (kill -9) during step 4: resumes from the checkpoint of step 3 (every step's).
+  calls["n"] = 0
+
+  def crashing(*a, **k):
+    calls["n"] += 1
+    if calls["n"] == 4:
+      raise Crash
+    return real_sample(*a, **k)
+
+  monkeypatch.setattr(loop, "sample", crashing)
+  with pytest.raises(Crash):
+    train(cfg, tmp_path / "c")
+  monkeypatch.setattr(loop, "sample", real_sample)
+  resumed = train(cfg, tmp_path / "c")
+  assert strip(rows_of(tmp_path / "c")) == strip(want)
+  for out in (again, resumed):
+    for x, y in zip(jax.tree.leaves(straight["params"]), jax.tree.leaves(out["params"])):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_optional_inputs_reach_the_estimator_equal_to_direct_computations(tmp_path):
+  cfg = tiny_cfg(1)  # test_resume's (both tests share its programs): 1-token prompts
+  p0 = init_params(cfg)
+  CAPTURED.clear()
+  loop.train(cfg, str(tmp_path / "probe"), p0, method=f"{PROBE}:iid")
+  assert len(CAPTURED) == 1
+  tokens, mask, entropy, prompt_lp, ctx_lp, sal = (np.asarray(x) for x in CAPTURED[0])
+  # Step 0's prompts (the loop's key schedule) and the policy before the update.
+  problem = loop.JaxProblem(cfg)
+  key = jax.random.fold_in(jax.random.PRNGKey(cfg.rl.seed), 0)
+  prompts = problem.draw(jax.random.fold_in(key, 0), 0, cfg.rl.prompts_per_step).prompts
+  pcfg = problem.pcfg
+  tok, m = jnp.asarray(tokens), jnp.asarray(mask)
+  _, ent = loop.rows_logprobs(p0, prompts, tok, m, cfg=pcfg, with_entropy=True)
+  np.testing.assert_allclose(entropy, np.asarray(ent), atol=1e-5)  # the sampler's
+  assert np.all(entropy[mask] > 0) and np.all(entropy[~mask] == 0)
+  np.testing.assert_allclose(prompt_lp, np.asarray(loop.prompt_logprobs(p0, prompts, cfg=pcfg)),
+                             atol=1e-6)
+  rolled = jnp.roll(prompts, -1, axis=0)  # the next group's prompt
+  np.testing.assert_allclose(ctx_lp, np.asarray(loop.rows_logprobs(p0, rolled, tok, m,
+                                                                   cfg=pcfg)), atol=1e-6)
+  assert np.any(np.asarray(prompts) != np.asarray(rolled))  # (non-trivial prompt log-
+  # probs: tests/test_context_shift.py)
+  np.testing.assert_allclose(sal, np.asarray(saliency_lib.token_saliency(
+      p0, prompts, tok, m, cfg=pcfg)), rtol=1e-4, atol=1e-6)
