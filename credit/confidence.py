@@ -11,7 +11,8 @@ here are GRPO (or Dr. GRPO) plus a term or weight built from them; the difficult
 import jax
 import jax.numpy as jnp
 
-from credit.groups import all_equal, group_stats, to_tokens
+from credit.groups import all_equal, to_tokens
+from credit.outcome import grpo_per_response  # noqa: F401  (also used by credit.difficulty)
 from credit.registry import register
 from credit.rollouts import Rollouts
 
@@ -56,19 +57,6 @@ def response_entropy(rollouts: Rollouts, name: str = "estimator"):
     raise ValueError(f"{name} needs rollouts.entropy (the sampling policy's next-token "
                      "entropy at each response position).")
   return masked_mean(jnp.asarray(rollouts.entropy, jnp.float32), rollouts.mask)
-
-
-def grpo_per_response(rewards, scale_by_std: bool = True, eps: float = 1e-6):
-  """`credit.outcome.grpo` before it is broadcast to tokens, float32 [..., G]: the same
-  operations, so an estimator that multiplies it by weights of 1 equals `grpo` bit for bit."""
-  rewards = jnp.asarray(rewards, jnp.float32)
-  mean, std = group_stats(rewards)
-  adv = rewards - mean
-  if scale_by_std:
-    adv = adv / (std + eps)
-  if rewards.shape[-1] > 1:
-    adv = jnp.where(all_equal(rewards), 0.0, adv)
-  return adv
 
 
 def _zscore(x, tol: float = 1e-4):

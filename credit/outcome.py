@@ -18,14 +18,21 @@ def grpo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
   one gets μ = 0, σ = 1; a group whose rewards are all equal gets exactly 0.
   Returns float32 [..., G, L], 0 on masked tokens.
   """
-  rewards = jnp.asarray(rollouts.rewards, jnp.float32)
+  return to_tokens(grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps),
+                   rollouts.mask)
+
+
+def grpo_per_response(rewards, scale_by_std: bool = True, eps: float = 1e-6):
+  """`grpo` before it is broadcast to tokens, float32 [..., G]: estimators that reweight it
+  use this, so weights of 1 give `grpo` bit for bit."""
+  rewards = jnp.asarray(rewards, jnp.float32)
   mean, std = group_stats(rewards)
   adv = rewards - mean
   if scale_by_std:
     adv = adv / (std + eps)
   if rewards.shape[-1] > 1:
     adv = jnp.where(all_equal(rewards), 0.0, adv)
-  return to_tokens(adv, rollouts.mask)
+  return adv
 
 
 @register("rloo")

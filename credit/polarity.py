@@ -14,9 +14,9 @@ they stay in with advantage 0.
 
 import jax.numpy as jnp
 
-from credit import outcome  # noqa: F401  (registers the default base, 'grpo')
+from credit import outcome  # also registers the default base, 'grpo'
 from credit import registry
-from credit.groups import all_equal, group_stats, to_tokens
+from credit.groups import to_tokens
 from credit.registry import register
 from credit.rollouts import Rollouts
 
@@ -208,12 +208,7 @@ def a_grae(rollouts: Rollouts, *, scale_by_std: bool = True, asymmetry: bool = T
   if not 0.0 <= ema_decay < 1.0:
     raise ValueError(f"a_grae needs 0 <= ema_decay < 1; got {ema_decay}.")
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
-  mean, std = group_stats(rewards)
-  adv = rewards - mean
-  if scale_by_std:
-    adv = adv / (std + eps)
-  if rewards.shape[-1] > 1:
-    adv = jnp.where(all_equal(rewards), 0.0, adv)
+  adv = outcome.grpo_per_response(rewards, scale_by_std=scale_by_std, eps=eps)
   p = _pass_rates(rewards)
   m = jnp.mean(p)
   if progress == "ema":
