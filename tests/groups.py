@@ -1,4 +1,4 @@
-"""Hypothesis strategies: rollout groups whose responses share prefixes."""
+"""Hypothesis strategies (rollout groups whose responses share prefixes) and a plain GRPO reference."""
 
 import numpy as np
 from hypothesis import strategies as st
@@ -69,3 +69,14 @@ def sampled_trees(draw, sizes=(1, 4, 7), length=6, max_vocab=3, batch=2):
   else:
     rewards = np.full((batch, g), 0.3, np.float32)
   return tokens, mask, rewards, parent, fork
+
+
+def grpo_ref(r):
+  """GRPO for one group of rewards (float64 loops' reference): (R − μ)/(σ + 1e-6) with
+  Bessel σ; a group of one passes R through, all-equal rewards give 0."""
+  r = np.asarray(r, np.float64)
+  if len(r) == 1:
+    return r.copy()
+  if r.max() == r.min():
+    return np.zeros_like(r)
+  return (r - r.mean()) / (r.std(ddof=1) + 1e-6)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import credit
 import credit.confidence  # noqa: F401  (registers the estimators)
-from groups import groups
+from groups import groups, grpo_ref
 
 NAMES = ["canon", "canon_length", "gepo", "progrpo", "verl_rank", "outcome_explore"]
 GROUPS = groups(sizes=(1, 5), lengths=(1, 6), batch=(3,))  # four shapes: few compiles
@@ -42,16 +42,6 @@ def make(group, seed, p=5):
       logprobs=-rng.exponential(1.0, shape).astype(np.float32),
       entropy=(2 * rng.random(shape)).astype(np.float32), prompt_logprobs=plp,
       token_rewards=rng.normal(size=shape).astype(np.float32))
-
-
-def grpo_ref(r):
-  """GRPO for one group (float64): pass-through for G = 1, 0 for equal rewards."""
-  r = np.asarray(r, np.float64)
-  if len(r) == 1:
-    return r.copy()
-  if r.max() == r.min():
-    return np.zeros_like(r)
-  return (r - r.mean()) / (r.std(ddof=1) + 1e-6)
 
 
 def mean_over(x, n):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import credit
 import credit.difficulty  # noqa: F401  (registers the estimators)
-from groups import groups
+from groups import groups, grpo_ref
 
 NAMES = ["mapo", "hadw", "aapo", "adora", "ddca", "dvao", "copo"]
 GROUPS = groups(sizes=(1, 5), lengths=(1, 6), batch=(3,))  # four shapes: few compiles
@@ -47,15 +47,6 @@ def fixed(g=4, l=6, b=3, seed=0):
   mask = np.arange(l) < rng.integers(1, l + 1, (b, g))[..., None]
   return make((rng.integers(0, 4, (b, g, l)).astype(np.int32), mask,
                rng.integers(0, 2, (b, g)).astype(np.float32)), seed + 1)
-
-
-def grpo_ref(r):
-  r = np.asarray(r, np.float64)
-  if len(r) == 1:
-    return r.copy()
-  if r.max() == r.min():
-    return np.zeros_like(r)
-  return (r - r.mean()) / (r.std(ddof=1) + 1e-6)
 
 
 def check(adv, want, mask, rtol=1e-4, atol=1e-5):
