@@ -186,14 +186,15 @@ def progrpo(rollouts: Rollouts, alpha: float = 0.1, threshold: float = 0.5,
     Ã_i = A_i + α·(c(q) − c(o_i|q))  in groups with a correct response (R > `threshold`),
     Ã_i = A_i                         in groups without one,
 
-  A_i GRPO, c(q) the prompt's confidence (mean of `rollouts.prompt_logprobs` over its
-  non-zero entries, i.e. minus log prompt perplexity), c(o_i|q) the response confidence
+  A_i GRPO, c(q) the prompt's confidence (mean of `rollouts.prompt_logprobs` over
+  `rollouts.prompt_mask`, i.e. minus log prompt perplexity), c(o_i|q) the response confidence
   (mean sampled-token log-prob; `low_frac` = f averages only the ⌈f·n⌉ least likely tokens,
   the paper's low-probability length normalisation). An over-confident response
   (c(o|q) > c(q)) gets less credit. α = `alpha` (0 gives GRPO exactly; the default is
   ours); `correct_only` restricts the term to correct responses (the abstract's "across
-  correct responses"; the paper's formula applies it to the whole group). A prompt
-  log-prob of exactly 0 counts as padding. Needs `logprobs` and `prompt_logprobs` [..., P].
+  correct responses"; the paper's formula applies it to the whole group). Without a
+  `prompt_mask` a prompt log-prob of exactly 0 counts as padding. Needs `logprobs` and
+  `prompt_logprobs` [..., P].
   """
   check_range("alpha", alpha, 0.0)
   if low_frac is not None:
@@ -209,7 +210,11 @@ def progrpo(rollouts: Rollouts, alpha: float = 0.1, threshold: float = 0.5,
   if plp.shape[:-1] != rollouts.rewards.shape[:-1]:
     raise ValueError(f"prompt_logprobs must be [..., P] with leading dims "
                      f"{rollouts.rewards.shape[:-1]}; got {plp.shape}.")
-  prompt_conf = masked_mean(plp, plp != 0)[..., None]
+  pmask = plp != 0 if rollouts.prompt_mask is None else jnp.asarray(rollouts.prompt_mask, bool)
+  if pmask.shape != plp.shape:
+    raise ValueError(f"prompt_mask must have prompt_logprobs' shape {plp.shape}; got "
+                     f"{pmask.shape}.")
+  prompt_conf = masked_mean(plp, pmask)[..., None]
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
   correct = rewards > threshold
   on = jnp.any(correct, axis=-1, keepdims=True)

@@ -40,6 +40,8 @@ class Rollouts:
       text rollouts), or None. Token-reweighting estimators read it.
     prompt_logprobs: float32 [..., P] log π_θ of each prompt token given the tokens
       before it (0 on padding and on the first token), or None (ProGRPO).
+    prompt_mask: bool [..., P], True on the prompt tokens `prompt_logprobs` scores (not the
+      first token, not padding), or None: then a log-prob of exactly 0 counts as padding.
     credit_state: the pytree a stateful estimator carries across training steps (e.g.
       pass-rate EMAs, a closed-loop entropy target), or None; see `credit.register`'s
       `state`. The loop keeps it in its checkpointed state.
@@ -63,6 +65,7 @@ class Rollouts:
   policy_mask: Optional[jax.Array] = None
   entropy: Optional[jax.Array] = None
   prompt_logprobs: Optional[jax.Array] = None
+  prompt_mask: Optional[jax.Array] = None
   credit_state: Optional[object] = None
   context_logprobs: Optional[jax.Array] = None
   saliency: Optional[jax.Array] = None

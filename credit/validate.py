@@ -8,7 +8,8 @@ from credit.rollouts import Rollouts
 from credit.turns import validate_turns
 from trees.prefix_tree import as_tokens_and_mask
 
-_PER_TOKEN = ("logprobs", "old_logprobs", "ref_logprobs", "token_rewards", "values")
+_PER_TOKEN = ("logprobs", "old_logprobs", "ref_logprobs", "token_rewards", "values", "entropy",
+              "context_logprobs", "saliency")
 
 
 def _array(x):
@@ -33,8 +34,10 @@ def validate(rollouts: Rollouts) -> Rollouts:
   Checks: tokens are integers (fitting int32) and mask boolean, of one shape
   [..., G, L] with G > 0; the mask is one run from position 0; rewards are
   [..., G] real numbers (bool, int or float) and finite in float32; optional
-  per-token fields are int or float of the tokens' shape, finite in float32 on
-  unmasked tokens; a policy_mask is boolean, of the tokens' shape and inside mask;
+  per-token fields (log-probs, token rewards, values, entropy, context log-probs,
+  saliency) are int or float of the tokens' shape, finite in float32 on unmasked tokens;
+  prompt_logprobs is [..., P] real, finite on `prompt_mask` (bool [..., P]; all of P
+  without one); a policy_mask is boolean, of the tokens' shape and inside mask;
   an explicit tree has the tokens' mask; `turns` (multi-turn trajectories) pass
   `credit.validate_turns` against the tokens. Values are checked only when concrete
   (under jit, or sharded over several hosts: shapes and dtypes only).
@@ -68,6 +71,7 @@ def validate(rollouts: Rollouts) -> Rollouts:
         finite = np.isfinite(np.asarray(value, np.float32))
       if not np.all(finite | ~np.asarray(mask)):
         raise ValueError(f"{name} has non-finite values on unmasked tokens.")
+  _check_prompt(rollouts, tokens.shape[:-2], concrete)
   if rollouts.policy_mask is not None:
     policy = _array(rollouts.policy_mask)
     if policy.shape != tokens.shape or policy.dtype != jnp.bool_:
@@ -90,3 +94,33 @@ def validate(rollouts: Rollouts) -> Rollouts:
   if rollouts.turns is not None:
     validate_turns(rollouts.turns, rollouts)
   return rollouts
+
+
+def _check_prompt(rollouts: Rollouts, lead: tuple, concrete: bool):
+  """prompt_logprobs [..., P] (leading dims the groups') and its optional prompt_mask."""
+  plp, pmask = rollouts.prompt_logprobs, rollouts.prompt_mask
+  if plp is None:
+    if pmask is not None:
+      raise ValueError("prompt_mask is given without prompt_logprobs.")
+    return
+  plp = _array(plp)
+  if plp.ndim != len(lead) + 1 or plp.shape[:-1] != lead:
+    raise ValueError(f"prompt_logprobs must be [..., P] with leading dims {lead}; got "
+                     f"{plp.shape}.")
+  if not _is_real(plp.dtype, allow_bool=False):
+    raise ValueError(f"prompt_logprobs must be real numbers; got dtype {plp.dtype}.")
+  on = None
+  if pmask is not None:
+    pmask = _array(pmask)
+    if pmask.shape != plp.shape or pmask.dtype != jnp.bool_:
+      raise ValueError(f"prompt_mask must be boolean of prompt_logprobs' shape {plp.shape}; "
+                       f"got {pmask.dtype} {pmask.shape}.")
+    on = np.asarray(pmask) if _concrete(pmask) else None
+  if concrete and _concrete(plp):
+    with np.errstate(over='ignore'):
+      finite = np.isfinite(np.asarray(plp, np.float32))
+    if not np.all(finite | (False if on is None else ~on)):
+      where = tuple(int(i) for i in np.argwhere(~finite if on is None else ~finite & on)[0])
+      raise ValueError(f"prompt_logprobs{list(where)} is not finite"
+                       + (" on a scored prompt token." if on is not None else "."))
+

@@ -53,7 +53,9 @@ def main(argv=None) -> 'aot.Result':
                   help='packed update (the flat one is compiled too unless none)')
   ap.add_argument('--pack_len', type=int, default=0,
                   help='packed slots per group; 0 = P + G * L (nothing shared but the prompt)')
-  ap.add_argument('--pack_attention', default='paths', choices=('paths', 'mask'))
+  ap.add_argument('--pack_attention', default='auto', choices=('paths', 'mask', 'blocks', 'auto'),
+                  help="packed attention as train.pack_attention ('auto', the loop's default: "
+                       "ancestor blocks where cheaper than paths, see aot.packed_layout)")
   ap.add_argument('--no_flat', action='store_true',
                   help='with packing, skip the flat log-probs and update')
   ap.add_argument('--no_ref', action='store_true', help='no reference model (kl_coef 0)')

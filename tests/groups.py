@@ -71,12 +71,16 @@ def sampled_trees(draw, sizes=(1, 4, 7), length=6, max_vocab=3, batch=2):
   return tokens, mask, rewards, parent, fork
 
 
-def grpo_ref(r):
-  """GRPO for one group of rewards (float64 loops' reference): (R − μ)/(σ + 1e-6) with
-  Bessel σ; a group of one passes R through, all-equal rewards give 0."""
-  r = np.asarray(r, np.float64)
-  if len(r) == 1:
-    return r.copy()
-  if r.max() == r.min():
-    return np.zeros_like(r)
-  return (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+def grpo_ref(rewards, scale_by_std=True):
+  """GRPO per response [..., G] -> [..., G] with plain loops (float64), credit.outcome.grpo's
+  conventions: (R − μ)/(σ + 1e-6) with Bessel σ (no division with `scale_by_std` False),
+  all-equal rewards give 0, a group of one is R (over 1 + 1e-6 when scaling)."""
+  rewards = np.asarray(rewards, np.float64)
+  out = np.zeros_like(rewards)
+  for idx in np.ndindex(rewards.shape[:-1]):
+    r = rewards[idx]
+    if len(r) == 1:
+      out[idx] = r / (1 + 1e-6) if scale_by_std else r
+    elif r.max() > r.min():
+      out[idx] = (r - r.mean()) / ((r.std(ddof=1) + 1e-6) if scale_by_std else 1.0)
+  return out

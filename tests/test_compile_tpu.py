@@ -33,12 +33,13 @@ LIBTPU_ENV = dict(TPU_ACCELERATOR_TYPE='v5litepod-4', TPU_WORKER_HOSTNAMES='loca
                   ALLOW_MULTIPLE_LIBTPU_LOAD='1')
 MIB = 2 ** 20
 # (topology, hosts, fsdp, model, RLShape fields): one host, all devices fsdp, i.i.d.
-# groups; two hosts, data 2 x fsdp 2 x model 2 (tensor parallelism), tree groups (forks
-# and the children's decode).
+# groups, the loop's default packed attention ('auto'); two hosts, data 2 x fsdp 2 x
+# model 2 (tensor parallelism), tree groups (forks and the children's decode), block-sparse
+# ancestor attention ('blocks').
 CASES = {
     'v5e:2x2': (1, 4, 1, dict(rows=16, group_size=4, sampler='iid')),
     'v5e:2x4': (2, 2, 2, dict(rows=32, group_size=4, sampler='tree_entropy', num_chains=2,
-                              num_forks=1, num_continuations=1)),
+                              num_forks=1, num_continuations=1, pack_attention='blocks')),
 }
 PROMPT, RESPONSE = 8, 8
 
@@ -184,6 +185,10 @@ def test_report_and_a_step_that_does_not_fit(compiled):
   assert f'topology {name}' in text and 'fits in 90%' in text and 'does not fit' not in text
   for line in ('prefill (_start)', 'decode (_decode)', 'old log-probs', 'update'):
     assert line in text
+  attention, block, pairs = aot.packed_layout(r.shape, r.pack_len)
+  assert attention == ('blocks' if r.shape.pack_attention == 'blocks' else 'paths')
+  assert (f'attention blocks of {block} x {pairs} pairs' in text) == (attention == 'blocks')
+  assert 'one teacher-forced forward: flat' in text
   # The same programs on a chip of 1 MiB: the report names the arrays and a mesh.
   chip = dataclasses.replace(r.topo.chip, hbm_bytes=1 * MIB)
   small = dataclasses.replace(r, topo=dataclasses.replace(r.topo, chip=chip))

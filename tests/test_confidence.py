@@ -180,7 +180,9 @@ def progrpo_ref(r, alpha, correct_only, low_frac):
   out = np.zeros((bsz, g))
   lengths = r.mask.sum(-1)
   for b in range(bsz):
-    plp = [x for x in r.prompt_logprobs[b].astype(np.float64) if x != 0]
+    row = r.prompt_logprobs[b].astype(np.float64)
+    on = row != 0 if r.prompt_mask is None else r.prompt_mask[b]
+    plp = [x for x, m in zip(row, on) if m]
     cq = np.mean(plp) if plp else 0.0
     adv = grpo_ref(r.rewards[b])
     correct = r.rewards[b] > 0.5
@@ -201,6 +203,25 @@ def test_progrpo_matches_the_reference(group, seed, options):
   r = make(group, seed)
   adv = run("progrpo", r, alpha=0.3, correct_only=correct_only, low_frac=low_frac)
   check(adv, progrpo_ref(r, 0.3, correct_only, low_frac), r.mask)
+
+
+def test_progrpo_prompt_mask_counts_a_certain_prompt_token():
+  """With `prompt_mask` (the loop passes it) a scored prompt token of log-prob exactly 0
+  (probability 1 in float32) counts toward c(q); without it, 0 reads as padding."""
+  r = make(next_group(), 5)
+  plp = np.array(r.prompt_logprobs)
+  plp[:, 1] = 0.0
+  pmask = np.zeros(plp.shape, bool)
+  pmask[:, 1:3] = True
+  r = r.replace(prompt_logprobs=plp, prompt_mask=pmask, rewards=np.array(r.rewards))
+  r.rewards[:, 0] = 1.0  # a correct response in every group: the term is on
+  masked = run("progrpo", r, alpha=0.3)
+  check(masked, progrpo_ref(r, 0.3, False, None), r.mask)
+  unmasked = run("progrpo", r.replace(prompt_mask=None), alpha=0.3)
+  check(unmasked, progrpo_ref(r.replace(prompt_mask=None), 0.3, False, None), r.mask)
+  assert not np.allclose(np.asarray(masked), np.asarray(unmasked))
+  with pytest.raises(ValueError, match="prompt_mask must have"):
+    credit.get("progrpo")(r.replace(prompt_mask=pmask[:, :2]))
 
 
 def test_progrpo_zero_alpha_is_grpo_and_needs_its_fields():

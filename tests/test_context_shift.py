@@ -12,22 +12,9 @@ from hypothesis import strategies as st
 
 import credit
 import credit.context_shift  # noqa: F401 (registers gcpo, pgpo)
-from tests.groups import groups
+from groups import groups, grpo_ref
 
 SETTINGS = settings(max_examples=20, deadline=None)
-
-
-def ref_grpo(rewards):
-  """GRPO per response, loops (credit.outcome.grpo's conventions)."""
-  rewards = np.asarray(rewards, np.float64)
-  out = np.zeros_like(rewards)
-  for idx in np.ndindex(rewards.shape[:-1]):
-    r = rewards[idx]
-    if len(r) == 1:
-      out[idx] = r / (1 + 1e-6)
-    elif r.max() > r.min():
-      out[idx] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
-  return out
 
 
 def ref_mass_conserving(u, mask, normalize):
@@ -48,13 +35,13 @@ def ref_gcpo(rewards, mask, lp, ctx, transform="abs", mix=1.0, normalize="respon
   x = np.where(mask, lp.astype(np.float64) - ctx, 0.0)
   d = {"relu": np.maximum(x, 0), "abs": np.abs(x), "signed": x}[transform]
   w = 1 + mix * (ref_mass_conserving(d, mask, normalize) - 1)
-  return np.where(mask, ref_grpo(rewards)[..., None] * w, 0.0)
+  return np.where(mask, grpo_ref(rewards)[..., None] * w, 0.0)
 
 
 def ref_pgpo(rewards, mask, lp, ctx, estimator="k3", threshold=1.0, absolute=False,
              weight="proportional", floor=0.2, max_ratio=10.0):
   """Per response: dependency, mean, gate, weights, mass-conserving normalisation."""
-  base = ref_grpo(rewards)
+  base = grpo_ref(rewards)
   out = np.zeros(mask.shape)
   for idx in np.ndindex(mask.shape[:-1]):
     toks = [t for t in range(mask.shape[-1]) if mask[idx + (t,)]]
@@ -226,3 +213,6 @@ def test_prompt_logprobs_are_teacher_forced_with_padding_zeroed(tiny):
   full = np.asarray(loop.prompt_logprobs(params, prompts, None, cfg=cfg))
   np.testing.assert_allclose(full[0], got[0], atol=1e-6)
   assert np.all(full[:, 0] == 0) and np.all(full[:, 1:] < 0)
+  scored = np.asarray(loop.prompt_scored(plen, 6))  # the loop's Rollouts.prompt_mask
+  np.testing.assert_array_equal(
+      scored, [[1 <= t < int(plen[i]) for t in range(6)] for i in range(3)])

@@ -250,6 +250,17 @@ def _valid():
     (dict(mask=np.array([[[1, 0, 1, 1]] * 3] * 2, bool)), "holes"),
     (dict(logprobs=np.ones((2, 3, 5), np.float32)), "logprobs must have"),
     (dict(values=np.full((2, 3, 4), np.nan, np.float32)), "non-finite"),
+    (dict(entropy=np.full((2, 3, 4), np.inf, np.float32)), "entropy has non-finite"),
+    (dict(saliency=np.full((2, 3, 4), np.nan, np.float32)), "saliency has non-finite"),
+    (dict(context_logprobs=np.zeros((2, 3), np.float32)), "context_logprobs must have"),
+    (dict(prompt_logprobs=np.zeros((3, 5), np.float32)), r"prompt_logprobs must be \[..., P\]"),
+    (dict(prompt_logprobs=np.array([[0, np.nan], [0, -1]], np.float32)),
+     r"prompt_logprobs\[0, 1\] is not finite"),
+    (dict(prompt_logprobs=np.array([[0, np.nan], [0, -1]], np.float32),
+          prompt_mask=np.array([[0, 1], [0, 1]], bool)), "on a scored prompt token"),
+    (dict(prompt_logprobs=np.zeros((2, 2), np.float32), prompt_mask=np.ones((2, 2), np.int32)),
+     "prompt_mask must be boolean"),
+    (dict(prompt_mask=np.ones((2, 2), bool)), "without prompt_logprobs"),
 ])
 def test_validate_names_the_problem(change, message):
   with pytest.raises(ValueError, match=message):
@@ -258,6 +269,13 @@ def test_validate_names_the_problem(change, message):
 
 def test_validate_accepts_good_rollouts():
   r = credit.Rollouts(**_valid())
+  assert credit.validate(r) is r
+  # Non-finite values off the masks are padding, not errors.
+  plp = np.array([[0, -1.0, np.nan], [0, -2.0, -0.5]], np.float32)
+  r = r.replace(prompt_logprobs=plp, prompt_mask=np.array([[0, 1, 0], [0, 1, 1]], bool),
+                entropy=np.where(np.arange(4) < 3, 1.0, np.nan).astype(np.float32)
+                * np.ones((2, 3, 1), np.float32),
+                mask=np.broadcast_to(np.arange(4) < 3, (2, 3, 4)))
   assert credit.validate(r) is r
 
 

@@ -13,7 +13,7 @@ import credit
 import credit.entropy_guided  # noqa: F401  (registers dgpo, ucas, dcpo)
 import credit.entropy_weighting  # noqa: F401  (registers stare, taco, a3po, miner)
 from credit.entropy_guided import hellinger
-from groups import groups
+from groups import groups, grpo_ref
 
 NAMES = ("stare", "taco", "a3po", "miner", "dgpo", "ucas", "dcpo")
 FEW = settings(max_examples=12, deadline=None)
@@ -55,17 +55,6 @@ def arrays(r):
           f64(r.ref_logprobs))
 
 
-def ref_grpo(rewards):
-  """[B, G] -> [B, G]: (R − μ)/(σ + 1e-6), 0 for all-equal groups, R for a group of one."""
-  out = np.zeros_like(rewards)
-  for b, row in enumerate(rewards):
-    if len(row) == 1:
-      out[b] = row
-    elif row.max() != row.min():
-      out[b] = (row - row.mean()) / (row.std(ddof=1) + 1e-6)
-  return out
-
-
 def ref_tokens(per_response, mask):
   return np.where(mask, per_response[..., None], 0.0)
 
@@ -90,7 +79,7 @@ def close(got, want, rtol=1e-5, atol=1e-5):
 
 def ref_stare(r, gate, w, m, variant, fraction):
   mask, rewards, s, _, _ = arrays(r)
-  base = ref_tokens(ref_grpo(rewards), mask)
+  base = ref_tokens(grpo_ref(rewards), mask)
   weight = np.ones_like(base)
   if gate:
     weight[ref_select(s, mask & (base > 0), fraction)] = w
@@ -160,7 +149,7 @@ def test_stare_entropy_ema_and_empty_batches_keep_the_estimate():
 
 def ref_taco(r, alpha, lam):
   mask, rewards, s, h, _ = arrays(r)
-  base = ref_tokens(ref_grpo(rewards), mask)
+  base = ref_tokens(grpo_ref(rewards), mask)
   out = base.copy()
   for i in zip(*np.nonzero(mask)):
     risk = s[i] - h[i] + math.log(alpha)
@@ -178,7 +167,7 @@ def test_taco_damps_positive_credit_of_tail_tokens(r, hp):
 
 def ref_a3po(r, fraction, kp, kn, decay):
   mask, rewards, s, _, _ = arrays(r)
-  base = ref_tokens(ref_grpo(rewards), mask)
+  base = ref_tokens(grpo_ref(rewards), mask)
   weight = np.ones_like(base)
   weight[ref_select(-s, mask & (base < 0), fraction)] = 1 + kn * decay
   weight[ref_select(s, mask & (base > 0), fraction)] = 1 + kp * decay
@@ -199,7 +188,7 @@ def test_a3po_amplifies_rare_positive_and_likely_negative_tokens_on_a_schedule(r
 
 def ref_miner(r, gamma, cs, ics, calibration, above=0.0):
   mask, rewards, s, _, _ = arrays(r)
-  base = ref_tokens(ref_grpo(rewards), mask)
+  base = ref_tokens(grpo_ref(rewards), mask)
   extra = np.zeros_like(base)
   for b in range(len(rewards)):
     row = rewards[b]
@@ -243,7 +232,7 @@ def test_miner_rewards_the_less_likely_responses_of_an_all_correct_group():
 
 def ref_dgpo(r, mix, form):
   mask, rewards, s, h, ref = arrays(r)
-  base = ref_tokens(ref_grpo(rewards), mask)
+  base = ref_tokens(grpo_ref(rewards), mask)
   out = np.zeros_like(base)
   for b, g in np.ndindex(mask.shape[:2]):
     ts = np.nonzero(mask[b, g])[0]
@@ -268,7 +257,7 @@ def test_dgpo_redistributes_the_sequence_advantage_by_gated_hellinger(r, mix, fo
   close(got, ref_dgpo(r, mix, form), rtol=1e-4)
   mask, rewards = np.asarray(r.mask), np.asarray(r.rewards, np.float64)
   lengths = mask.sum(-1)
-  close(np.asarray(got, np.float64).sum(-1), ref_grpo(rewards) * lengths, rtol=1e-4)  # total kept
+  close(np.asarray(got, np.float64).sum(-1), grpo_ref(rewards) * lengths, rtol=1e-4)  # total kept
 
 
 def test_hellinger_reading_is_exact_on_two_tokens_and_a_lower_bound_on_more():
@@ -286,7 +275,7 @@ def test_hellinger_reading_is_exact_on_two_tokens_and_a_lower_bound_on_more():
 
 def ref_ucas(r, bp, bn, lam, confidence):
   mask, rewards, s, h, _ = arrays(r)
-  adv = ref_grpo(rewards)
+  adv = grpo_ref(rewards)
   out = np.zeros(mask.shape)
   vals = -s[mask]
   lo, hi = (vals.min(), vals.max()) if vals.size else (0.0, 0.0)
@@ -318,7 +307,7 @@ def test_ucas_confidence_modulation_and_certainty_penalty(r, confidence):
 
 def ref_dcpo(r, target=0.5, t_high=1.2, t_low=0.8, alpha_max=0.1, threshold=0.05):
   mask, rewards, s, h, _ = arrays(r)
-  base = ref_tokens(ref_grpo(rewards), mask)
+  base = ref_tokens(grpo_ref(rewards), mask)
   hbar = h[mask].mean() if mask.any() else 0.0
   temp = t_high if hbar <= target else t_low
   correct = rewards > threshold

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import credit
 import credit.implied_values  # noqa: F401  (registers the estimators)
-from groups import groups
+from groups import groups, grpo_ref
 
 EPS = 1e-6
 SHAPES = dict(sizes=(1, 4), lengths=(5,))
@@ -42,11 +42,6 @@ def group_stats_ref(r, scale_by_std=True):
   equal = r.max() == r.min()
   div = 1.0 if equal or not scale_by_std else r.std(ddof=1) + EPS
   return r.mean(), div, equal
-
-
-def grpo_ref(r, scale_by_std=True):
-  mu, div, equal = group_stats_ref(r, scale_by_std)
-  return np.zeros_like(r) if equal else (r - mu) / div
 
 
 def vimpo_ref(ro, beta, lam, scale_by_std=True):

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import credit
 import credit.polarity  # noqa: F401  (registers the estimators)
-from groups import groups
+from groups import groups, grpo_ref
 
 EPS = 1e-6
 SHAPES = dict(sizes=(1, 4), lengths=(5,))  # few shapes: each one compiles once
@@ -25,24 +25,6 @@ def _jitted(name, hp):
 def est(name, rollouts, **hp):
   """credit.get(name)(rollouts, **hp), jitted once per (name, hparams, shape)."""
   return _jitted(name, tuple(sorted(hp.items())))(rollouts)
-
-
-def grpo_ref(rewards, scale_by_std=True):
-  """Per-response GRPO advantages [..., G] with plain loops (float64)."""
-  rewards = np.asarray(rewards, np.float64)
-  out = np.zeros_like(rewards)
-  flat, res = rewards.reshape(-1, rewards.shape[-1]), out.reshape(-1, rewards.shape[-1])
-  for b, r in enumerate(flat):
-    g = len(r)
-    mu, sd = (0.0, 1.0) if g == 1 else (r.mean(), r.std(ddof=1))
-    for i in range(g):
-      a = r[i] - mu
-      if scale_by_std:
-        a /= sd + EPS
-      if g > 1 and r.max() == r.min():
-        a = 0.0
-      res[b, i] = a
-  return out
 
 
 def weighted(adv, wp, wn):

@@ -226,5 +226,45 @@ def test_prefill_writes_the_repeated_cache():
     decoder.prefill(params, CFG, prompts, decoder.init_cache(CFG, 4))
 
 
+def test_loop_refuses_model_axis_before_the_warm_start(tmp_path):
+  """A --config.mesh.model the model cannot split is refused by `loop.sft`, before any
+  SFT step (not after the warm start, when the RL run builds its mesh)."""
+  from experiments.training import loop
+  from tests.test_loop import quick_cfg
+  cfg = quick_cfg()
+  cfg.mesh.model = 3  # the quick model has 2 heads
+  with pytest.raises(ValueError, match=r'mesh model=3 .*num_heads=2'):
+    loop.sft(cfg, str(tmp_path))
+  assert not os.path.exists(tmp_path / 'checkpoints') or not os.listdir(tmp_path / 'checkpoints')
+
+
+def test_suggest_mesh_does_not_assume_activations_split_over_model():
+  """aot.suggest_mesh on a made-up result (no compile): 12 GiB of resident params and 10
+  GiB of activations per device on 4 devices (fsdp 4, 16 GiB chips, 14.4 GiB budget).
+  fsdp cannot grow past 4 devices here, so the fit needs more devices; a larger 'model'
+  axis is not credited with splitting the activations (the residual stream stays whole)."""
+  import types
+  from experiments.training import aot
+  gib = aot.GIB
+  stage = aot.Stage(name='update', piece='update', compile_s=0.0, argument=12 * gib,
+                    temp=10 * gib, output=0, alias=0, outside=0, scaled=12 * gib,
+                    largest_args=[])
+  result = types.SimpleNamespace(
+      topo=types.SimpleNamespace(device_hbm=16 * gib), mesh=types.SimpleNamespace(size=4),
+      shape=types.SimpleNamespace(fsdp=4, model=1, rows=256), stages=[stage], cfg=CFG)
+  text = aot.suggest_mesh(result)
+  f, m, n = map(int, re.match(r'--fsdp (\d+) --model_axis (\d+) on (\d+) devices', text).groups())
+  assert n == 8 and f * m == 8, text  # params 12 -> 6 GiB, activations 10 -> 5 (m = 1)
+  est = 12 * 4 / (f * m) + 10 * 4 / n * max(1, m)
+  assert est <= 0.9 * 16 and f'{est:.2f} GiB' in text, (text, est)
+  # 4 rows cannot split over 8 data x fsdp devices; model 2 keeps 1 row per device, whose
+  # 10 GiB of activations are not assumed halved (that estimate, 6 + 5 GiB, fit).
+  result.shape.rows = 4
+  assert aot.suggest_mesh(result).startswith('nothing up to 16x'), aot.suggest_mesh(result)
+  stage.temp = 1 * gib  # fits already
+  assert aot.suggest_mesh(result) is None
+
+
 if __name__ == '__main__':
   main()
+

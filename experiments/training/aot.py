@@ -250,7 +250,7 @@ class RLShape:
   epochs: int = 1
   packing: str = 'tree'
   pack_len: int = 0
-  pack_attention: str = 'paths'
+  pack_attention: str = 'auto'       # train.pack_attention (the loop's default), see packed_layout
   ref: bool = True
   recompute_logprobs: bool = True
   ref_sharding: str = 'policy'       # as the loop places it; or 'replicated' (to compare)
@@ -277,6 +277,10 @@ class RLShape:
       raise ValueError(f'packing {self.packing!r}: valid are tree, prompt, none')
     if self.ref_sharding not in ('replicated', 'policy'):
       raise ValueError(f'ref_sharding {self.ref_sharding!r}: valid are replicated, policy')
+    from trees import packing as packing_lib
+    if self.pack_attention not in packing_lib.ATTENTION:
+      raise ValueError(f'pack_attention {self.pack_attention!r}: valid are '
+                       f'{", ".join(packing_lib.ATTENTION)}')
     if self.fsdp < 1 or self.model < 1:
       raise ValueError(f'fsdp={self.fsdp} and model={self.model} must be >= 1')
 
@@ -360,33 +364,39 @@ def forward_flops(cfg, tokens, logit_rows, pairs_executed, pairs_model):
           dense + attention_flops(cfg, 1, pairs_model))
 
 
-def packed_pairs(shape: RLShape, pack_len: int, backend: str = 'tpu') -> float:
-  """(query, key) pairs the packed forward computes over the batch's groups, per layer:
-  'paths' G * S^2 per group, 'mask' T^2, 'blocks' the needed block pairs of a group with
-  nothing shared past the prompt (`trees.packing.iid_block_pairs`, bucketed as `pack`
-  buckets them) * block^2, block = `default_block(T, backend)`; 'auto' the cheaper of
-  'paths' and 'blocks' by `trees.packing.block_costs(backend)`, as `pack` picks."""
+def packed_layout(shape: RLShape, pack_len: int, backend: str = 'tpu') -> tuple:
+  """(attention, block, num_pairs) of the compiled packing, as `trees.packing.pack` picks
+  them for a batch with nothing shared past the prompt: 'blocks' / 'auto' take block =
+  `default_block(T, backend)` and the group's block pairs (`iid_block_pairs`, bucketed by
+  `pair_bucket`); 'auto' falls back to 'paths' where `block_costs(backend)` rates it cheaper.
+  A tree batch shares more and needs fewer pairs, so this bounds what the loop compiles."""
   from trees import packing as packing_lib
-  b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
-  paths = float(b * g * (p + l) ** 2)
-  if shape.pack_attention == 'paths':
-    return paths
-  if shape.pack_attention == 'mask':
-    return float(b * pack_len ** 2)
-  if shape.pack_attention not in ('blocks', 'auto'):
-    raise ValueError(f'pack_attention {shape.pack_attention!r}: valid are '
-                     f'{", ".join(packing_lib.ATTENTION)}')
+  if shape.pack_attention in ('paths', 'mask'):
+    return shape.pack_attention, 0, 0
+  g, p, l = shape.group_size, shape.prompt_len, shape.response_len
   costs = packing_lib.block_costs(backend)
   blk = packing_lib.default_block(pack_len, backend)
   t = max(pack_len, p + g * l)  # a shorter pack_len shares more: this bounds its pairs
   nb = -(-pack_len // blk)
   pairs = min(packing_lib.pair_bucket(packing_lib.iid_block_pairs(p, g, l, blk, t),
                                       -(-t // blk)), nb * (nb + 1) // 2)
-  blocks = float(b * pairs * blk * blk)
   if shape.pack_attention == 'auto' and (
       pairs * (blk * blk + costs.overhead * blk) >= costs.paths_weight * g * (p + l) ** 2):
-    return paths
-  return blocks
+    return 'paths', 0, 0
+  return 'blocks', blk, pairs
+
+
+def packed_pairs(shape: RLShape, pack_len: int, backend: str = 'tpu') -> float:
+  """(query, key) pairs the packed forward computes over the batch's groups, per layer:
+  'paths' G * S^2 per group, 'mask' T^2, 'blocks' (and 'auto' where it picks blocks)
+  num_pairs * block^2 of `packed_layout`."""
+  b, g = shape.num_prompts, shape.group_size
+  attention, blk, pairs = packed_layout(shape, pack_len, backend)
+  if attention == 'paths':
+    return float(b * g * (shape.prompt_len + shape.response_len) ** 2)
+  if attention == 'mask':
+    return float(b * pack_len ** 2)
+  return float(b * pairs * blk * blk)
 
 
 def teacher_forcing_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
@@ -749,9 +759,11 @@ def compile_rl_step(cfg, shape: RLShape, topo: Topology, verbose: bool = False) 
     fields = c('pack (_pack_all)', 'pack', packing_lib._pack_all,
                (prompts, plen, samples.tokens, samples.mask, node), dict(pack_len=pack_len))
     toks, pos, path, source, logit_row, num_slots = fields  # as `packing.pack` assembles them
+    attention, block, num_pairs = packed_layout(shape, pack_len)
     pk = packing_lib.Packing(tokens=toks, positions=pos, path=path, source=source,
                              logit_row=logit_row, prompt_len=plen, num_slots=num_slots,
-                             num_prompt_slots=p, attention=shape.pack_attention)
+                             num_prompt_slots=p, attention=attention, block=block,
+                             num_pairs=num_pairs)
     variants = [pk, None] if shape.compile_flat else [pk]
   lp_out = None
   for pk in variants:
@@ -857,9 +869,11 @@ def suggest_mesh(result: Result) -> Optional[str]:
   """A mesh estimated to fit, from how each stage's per-device bytes scale.
 
   The train state and parameter arguments scale as 1 / (fsdp x model) (they are split
-  over both); everything else (rows, KV cache, activations) as 1 / devices (rows are
-  split over 'data' x 'fsdp', heads, MLP width and vocabulary over 'model'; the residual
-  stream is whole on each 'model' device, so for model > 1 this is optimistic). Tries
+  over both); everything else (rows, KV cache, activations) as 1 / devices when 'model'
+  shrinks or stays, and as 1 / (data x fsdp) when it grows: rows are split over 'data' x
+  'fsdp' and heads, MLP width and vocabulary over 'model', but the residual stream is
+  whole on each 'model' device, so the estimate assumes no activation splits over a
+  larger 'model' (pessimistic for heads and vocabulary, exact for the residual). Tries
   this slice, then 2x, 4x, ... 16x the devices; on each, fsdp-only meshes first, then
   tensor-parallel sizes the model accepts (`model_sizes`), smallest first, with rows
   that divide 'data' x 'fsdp'. None if the step already fits. An estimate: compile the
@@ -873,7 +887,7 @@ def suggest_mesh(result: Result) -> Optional[str]:
     worst = 0.0
     for s in result.stages:
       rest = max(s.total - s.scaled, 0)
-      worst = max(worst, s.scaled * f0 * m0 / (f * m) + rest * n0 / n)
+      worst = max(worst, s.scaled * f0 * m0 / (f * m) + rest * n0 / n * max(1.0, m / m0))
     return worst
 
   if max(s.total for s in result.stages) <= budget:
@@ -927,6 +941,14 @@ def _gib(x):
   return f'{x / GIB:7.3f}'
 
 
+def _layout_text(shape: RLShape, pack_len: int) -> str:
+  attention, blk, pairs = packed_layout(shape, pack_len)
+  if attention != 'blocks':
+    return attention + (' (auto)' if shape.pack_attention == 'auto' else '')
+  return (f'blocks of {blk} x {pairs} pairs per group'
+          + (' (auto)' if shape.pack_attention == 'auto' else ''))
+
+
 def format_report(result: Result) -> str:
   r, topo, sh = result, result.topo, result.shape
   hbm = topo.device_hbm
@@ -944,7 +966,8 @@ def format_report(result: Result) -> str:
       f'step: {sh.rows} rows = {sh.num_prompts} prompts x G {sh.group_size} ({sh.sampler}), '
       f'prompt {sh.prompt_len} + response {sh.response_len}; packing '
       f'{sh.packing if r.packed else "none"}'
-      + (f' (pack_len {r.pack_len})' if r.packed else '') +
+      + (f' (pack_len {r.pack_len}, attention {_layout_text(sh, r.pack_len)})'
+         if r.packed else '') +
       f'; {sh.minibatches} minibatches x {sh.micro_batches} micro-batches x {sh.epochs} epochs',
       f'per device (HBM {hbm / GIB:.1f} GiB; vendor peaks {topo.device_flops / 1e12:.0f} '
       f'TFLOP/s bf16, {topo.device_bandwidth / 1e12:.2f} TB/s):',
@@ -968,6 +991,18 @@ def format_report(result: Result) -> str:
     if not any(st.piece == p for st in r.stages):
       continue
     lines.append(f'  {p:14s} {ex:10.3g} {mo:10.3g} {f_dev:9.3g} {b_dev:9.3g} {t:10.3g}')
+  if r.packed:
+    tf = teacher_forcing_flops(r.cfg, sh, r.pack_len)
+    kept = lambda f: f['dense'] + f['attention']
+    lines.append(
+        f'  one teacher-forced forward: flat {tf["flat"]["dense"]:.3g} dense + '
+        f'{tf["flat"]["attention"]:.3g} attention FLOP; packed {tf["packed"]["dense"]:.3g} + '
+        f'{tf["packed"]["attention"]:.3g}; dense saving {100 * tf["dense_saving"]:.1f}%, of '
+        f'which the whole forward keeps '
+        f'{(1 - kept(tf["packed"]) / kept(tf["flat"])) / tf["dense_saving"]:.2f}'
+        if tf['dense_saving'] > 0 else
+        f'  one teacher-forced forward: flat {kept(tf["flat"]):.3g} FLOP, packed '
+        f'{kept(tf["packed"]):.3g} (no dense saving at this pack_len)')
   s = step_summary(r)
   lines.append(
       f'RL step: peak {s["peak"].total / GIB:.3f} GiB per device in {s["peak"].name!r} '

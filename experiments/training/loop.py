@@ -342,6 +342,12 @@ def prompt_logprobs(params, prompts, prompt_len=None, *, cfg):
   return jnp.where(jnp.arange(p)[None, :] < prompt_len[:, None], lp, 0.0)
 
 
+def prompt_scored(prompt_len, p: int):
+  """bool [B, P]: the prompt positions `prompt_logprobs` scores (1 <= t < prompt_len)."""
+  t = jnp.arange(p)[None, :]
+  return (t >= 1) & (t < jnp.asarray(prompt_len)[:, None])
+
+
 def context_prompts(problem, draw, prompts, prompt_len):
   """(prompts, prompt_len) of the changed context for `Rollouts.context_logprobs` (GCPO,
   PGPO): the task's `context_prompts(prompts, info)` if it defines one (a JAX task; same
@@ -408,7 +414,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
 
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
-  context_logprobs=None, saliency=None, credit_state=None) -> (advantages, loss mask);
+  prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None) -> (advantages,
+  loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
   `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
@@ -419,13 +426,13 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   @jax.jit
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
-         context_logprobs=None, saliency=None, credit_state=None):
+         prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
                                step_ends=step_ends, policy_mask=policy_mask, turns=turns,
                                entropy=entropy, prompt_logprobs=prompt_logprobs,
-                               context_logprobs=context_logprobs, saliency=saliency,
+                               prompt_mask=prompt_mask, context_logprobs=context_logprobs, saliency=saliency,
                                credit_state=credit_state)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
@@ -770,6 +777,7 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   progress = cfg.progress if progress is None else progress
   problem = build_problem(cfg)
   pcfg = problem.pcfg
+  ts.check_model_axis(pcfg, cfg.mesh.get('model', 1))  # refused before the warm start, not after
   sub = ml_collections.ConfigDict({'task': cfg.task.to_dict(), 'model': cfg.model.to_dict(),
                                    'sft': cfg.sft.to_dict(),
                                    **({'agent': cfg.agent.to_dict()} if is_agent(cfg) else {})})
@@ -948,6 +956,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       extra = dict(entropy=entropy)
       if need_prompt_lp:
         extra['prompt_logprobs'] = prompt_logprobs(state.params, prompts, plen, cfg=pcfg)
+        extra['prompt_mask'] = prompt_scored(plen, prompts.shape[1])
       if need_context:  # one teacher-forced pass with the prompt changed (flat rows)
         ctx_prompts, ctx_plen = context_prompts(problem, draw, prompts, plen)
         ctx = rows_logprobs(state.params, ctx_prompts, samples.tokens, samples.mask, ctx_plen,
