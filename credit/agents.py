@@ -12,8 +12,9 @@ Outcome counterparts, each tested: with no state shared between trajectories,
 `gigpo` is its episode term (GRPO / Dr. GRPO), `salt` and `graphgpo` are GRPO
 on every turn, `gagpo` is 0 (V̂(s) is the trajectory's own return) except
 Dr. GRPO on turn 0 when only the start state is shared, and `gtpo` with
-γ = 1, outcome-only rewards and equal lengths is GRPO on every turn; `cast`'s
-advantages sum along a trajectory to V*(s_n) − V*(s_0).
+γ = 1, outcome-only rewards and equal lengths is GRPO on every turn; `cast` with α = 0
+is GRPO on every turn, and its first form (`CAST_VALUE_DIFFERENCE`) sums along a
+trajectory to V*(s_n) − V*(s_0).
 
 Inputs are validated on every call (`credit.validate_turns`, values when concrete): a
 non-finite reward on a taken turn, a turn_mask that is not a run from turn 0, a
@@ -397,19 +398,68 @@ def _per_state(turns: Turns, field: str, value, who: str, what: str):
   return value
 
 
-@_validated
-def cast(turns: Turns, values_star=None):
-  """CAST: A_k = V*(s_{k+1}) − V*(s_k) from a solver's optimal state values.
+CAST_SIGNALS = ("steps", "values")
+CAST_OUTCOMES = ("grpo", "none")
+CAST_COMPRESS = ("asinh", "none")
+CAST_NORMALIZE = ("batch_rms", "none")
+# CAST's first form in this project: the solver values' differences alone. With V = V^π
+# (an oracle) it is the TD error, the exact turn advantage in expectation
+# (`experiments/agent_credit_quality.py` scores it so).
+CAST_VALUE_DIFFERENCE = dict(signal="values", outcome="none", alpha=1.0, compress="none",
+                             normalize="none")
 
-  values_star: float [..., G, K+1], V* of state_ids (index n_i: the state after
-  the last turn, e.g. 1 for a solved and 0 for a failed terminal state); default
-  `turns.values_star`. Summed along a trajectory the advantages telescope to
-  V*(s_n) − V*(s_0). Returns float32 [..., G, K], 0 on untaken turns.
+
+@_validated
+def cast(turns: Turns, signal: str = "steps", outcome: str = "grpo", alpha: float = 0.1,
+         compress: str = "asinh", normalize: str = "batch_rms", scale_by_std: bool = True,
+         solver_steps=None, values_star=None, eps: float = _EPS):
+  """CAST (the seed abstract's solver-value injection; the recipe of the paper's public code):
+
+    A_k = A_outcome + α · n(c(d_k)),   d_k = N(s_k) − N(s_{k+1})   (signal 'steps')
+
+  N(s) the solver's count of turns still needed (`turns.solver_steps`), so d_k = 1 for a
+  turn that moves one step closer, 0 for one that changes nothing, −1 for one that moves
+  away. c = asinh (`compress`; 'none': identity); n divides by the root mean square of c
+  over every taken turn of the input batch (`normalize='batch_rms'`, 0 where all are 0;
+  'none': no division); A_outcome is GRPO over the group's episode returns on every taken
+  turn (`outcome='grpo'`, `scale_by_std`) or 0 ('none'); α = `alpha` (0.1 in the code).
+  signal 'values': d_k = V*(s_{k+1}) − V*(s_k) of `turns.values_star` instead.
+  `CAST_VALUE_DIFFERENCE` (values, no outcome, α 1, no compression or normalisation) is
+  this project's first form, A_k = V*(s_{k+1}) − V*(s_k), which telescopes to
+  V*(s_n) − V*(s_0); with an outcome-only reward it gives the solving move exactly 0
+  and collapsed household training (README, "Multi-turn agents").
+  Reading: the batch RMS spans the whole input (like `gtpo(normalize='batch')`), and α is
+  applied after normalising. Returns float32 [..., G, K], 0 on untaken turns.
   """
-  values_star = _per_state(turns, "values_star", values_star, "cast",
-                           "the solver's state values")
+  for name, value, valid in (("signal", signal, CAST_SIGNALS),
+                             ("outcome", outcome, CAST_OUTCOMES),
+                             ("compress", compress, CAST_COMPRESS),
+                             ("normalize", normalize, CAST_NORMALIZE)):
+    if value not in valid:
+      raise ValueError(f"cast {name}={value!r}; valid: {', '.join(valid)}.")
+  if not (math.isfinite(alpha) and alpha >= 0):
+    raise ValueError(f"cast alpha must be finite and >= 0; got {alpha}.")
   mask = jnp.asarray(turns.turn_mask, bool)
-  return jnp.where(mask, values_star[..., 1:] - values_star[..., :-1], 0.0)
+  if signal == "steps":
+    n = _per_state(turns, "solver_steps", solver_steps, "cast",
+                   "the solver's turns-to-go N(s)")
+    d = n[..., :-1] - n[..., 1:]
+  else:
+    v = _per_state(turns, "values_star", values_star, "cast", "the solver's state values")
+    d = v[..., 1:] - v[..., :-1]
+  d = jnp.where(mask, d, 0.0)
+  if compress == "asinh":
+    d = jnp.arcsinh(d)
+  if normalize == "batch_rms":
+    rms = jnp.sqrt(jnp.sum(d * d) / jnp.maximum(jnp.sum(mask), 1))
+    d = jnp.where(rms > 0, d / jnp.where(rms > 0, rms, 1.0), 0.0)
+  adv = alpha * d
+  if outcome == "grpo":
+    returns = episode_returns(turns.rewards, mask)
+    base = jax.vmap(lambda r: _grpo(r, scale_by_std, eps))(
+        returns.reshape(-1, returns.shape[-1])).reshape(returns.shape)
+    adv = adv + base[..., None]
+  return jnp.where(mask, adv, 0.0)
 
 
 # --------------------------------------------------------------------------- IGPO
@@ -487,7 +537,7 @@ AGENT_TOKEN_ESTIMATORS = {"gigpo": gigpo_tokens, "gagpo": gagpo_tokens, "salt": 
                           "graphgpo": graphgpo_tokens, "gtpo": gtpo_tokens,
                           "cast": cast_tokens, "igpo": igpo_tokens}
 # The optional `Turns` fields an estimator reads besides state ids, rewards and the turn mask.
-TURN_NEEDS = {"cast": ("values_star",), "igpo": ("answer_logprobs",)}
+TURN_NEEDS = {"cast": ("solver_steps", "values_star"), "igpo": ("answer_logprobs",)}
 
 
 def _from_rollouts(name, fn):

@@ -37,6 +37,8 @@ class Turns:
       state_ids (CAST), or None.
     answer_logprobs: float32 [..., G, K+1], log p_θ(gold answer | history before turn k)
       from probe forward passes (index n_g: after the last turn; IGPO), or None.
+    solver_steps: float32 [..., G, K+1], a solver's count of the turns still needed to
+      succeed from every state in state_ids, N(s) (CAST's step-count advantage), or None.
   """
 
   state_ids: jax.Array
@@ -46,6 +48,7 @@ class Turns:
   success: Optional[jax.Array] = None
   values_star: Optional[jax.Array] = None
   answer_logprobs: Optional[jax.Array] = None
+  solver_steps: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -178,7 +181,7 @@ def check_turn_shapes(turns: Turns):
       raise ValueError(f"success must be [..., G] = {(*batch, g)}; got {success.shape}.")
     if success.dtype != jnp.bool_:
       raise ValueError(f"success must be boolean; got dtype {success.dtype}.")
-  for name in ("values_star", "answer_logprobs"):
+  for name in ("values_star", "answer_logprobs", "solver_steps"):
     value = getattr(turns, name)
     if value is not None and _array(value).shape != state_ids.shape:
       raise ValueError(f"{name} must have state_ids' shape [..., G, K+1] = {state_ids.shape}; "
@@ -198,7 +201,7 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
   Checks shapes and dtypes (`check_turn_shapes`) and, when the values are
   concrete (not under jit, not sharded over hosts): state_ids fit in int32;
   turn_mask a run from turn 0; rewards finite (float32) on taken turns;
-  values_star finite and answer_logprobs not NaN or +inf on the states a
+  values_star and solver_steps finite and answer_logprobs not NaN or +inf on the states a
   trajectory visits (`check_state_values`); token_turn in [-1, K) and only
   pointing at taken turns. With `rollouts` (a `credit.Rollouts`, or anything
   with a `mask` [..., G, L]), token_turn must have the tokens' shape and be -1
@@ -232,6 +235,8 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
     check_state_values("values_star", turns.values_star, mask)
   if turns.answer_logprobs is not None:
     check_state_values("answer_logprobs", turns.answer_logprobs, mask, allow_neg_inf=True)
+  if turns.solver_steps is not None:
+    check_state_values("solver_steps", turns.solver_steps, mask)
   if turns.token_turn is None:
     if rollouts is not None:
       raise ValueError("token_turn is None: the turns cannot be matched to the rollouts' tokens.")

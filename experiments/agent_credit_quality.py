@@ -45,7 +45,9 @@ token) with reward = the undiscounted episode return:
   grpo   the episode return normalised over the group, the same on every turn;
   tempo  `credit.get('tempo')`: GRPO plus the prefix-tree TD at the action token,
          V̂(history, a_k) − V̂(history) (histories, not states, are merged).
-cast is fed values_star_k = R_{<k} + V(s_k), V plus the reward collected before turn
+cast is scored in its value-difference form (`credit.agents.CAST_VALUE_DIFFERENCE`: the
+training default is the paper's step-count recipe, which needs solver step counts) and
+fed values_star_k = R_{<k} + V(s_k), V plus the reward collected before turn
 k, so that a finished episode's last slot holds its return (for goal-only rewards
 CAST's own convention: 1 solved, 0 failed):
   on mdp   V = V^π_k, the sampling policy's exact values. Then CAST's advantage is
@@ -333,7 +335,7 @@ def estimate(name: str, batch: Batch, gamma: float) -> np.ndarray:
   if name in agents.AGENT_ESTIMATORS:
     hp = {"gamma": gamma} if name in DISCOUNTED else {}
     if name == "cast":
-      hp = {"values_star": batch.cast_values}
+      hp = {"values_star": batch.cast_values, **agents.CAST_VALUE_DIFFERENCE}
     return np.asarray(agents.AGENT_ESTIMATORS[name](batch.turns, **hp))
   return np.asarray(cq._jitted(name)(trajectory_rollouts(batch)))[..., 1::2]
 

@@ -207,7 +207,7 @@ def run_all(turns, values, labels=None):
          for label, (name, hp, _) in VARIANTS.items() if labels is None or label in labels}
   out.update({label: agents.gtpo(turns, **hp) for label, hp in GTPO.items()
               if labels is None or label in labels})
-  out["cast"] = agents.cast(turns, values_star=values)
+  out["cast"] = agents.cast(turns, values_star=values, **agents.CAST_VALUE_DIFFERENCE)
   return out
 
 
@@ -311,8 +311,69 @@ def test_cast_telescopes_to_terminal_minus_start_value():
   values = rng.normal(size=(G, K + 1)).astype(np.float32)
   turns = as_turns(np.zeros((G, K + 1), np.int32), np.zeros((G, K), np.float32), mask)
   n = mask.sum(-1)
-  np.testing.assert_allclose(np.sum(agents.cast(turns, values_star=values), -1),
+  np.testing.assert_allclose(np.sum(agents.cast(turns, values_star=values,
+                                         **agents.CAST_VALUE_DIFFERENCE), -1),
                              values[np.arange(G), n] - values[:, 0], atol=1e-5)
+
+
+def ref_cast(rewards, mask, steps, alpha, compress, normalize, outcome, scale=True):
+  """The paper's recipe, loops over a batch [B, G, K]: α · asinh(N(s_k) − N(s_{k+1})) / RMS
+  over every taken turn of the batch, plus GRPO of the group's returns."""
+  b, g, k = np.shape(mask)
+  d = {(i, j, t): float(steps[i][j][t]) - float(steps[i][j][t + 1])
+       for i in range(b) for j in range(g) for t in range(k) if mask[i][j][t]}
+  if compress == "asinh":
+    d = {key: math.asinh(x) for key, x in d.items()}
+  if normalize == "batch_rms" and d:
+    rms = math.sqrt(sum(x * x for x in d.values()) / len(d))
+    d = {key: (x / rms if rms > 0 else 0.0) for key, x in d.items()}
+  out = np.zeros((b, g, k))
+  for i in range(b):
+    base = ref_grpo(rewards[i], mask[i], scale) if outcome == "grpo" else [0.0] * g
+    for (bi, j, t), x in d.items():
+      if bi == i:
+        out[i, j, t] = alpha * x + base[j]
+  return out
+
+
+CAST_RECIPES = [dict(alpha=0.1, compress="asinh", normalize="batch_rms", outcome="grpo"),
+                dict(alpha=0.5, compress="none", normalize="batch_rms", outcome="none"),
+                dict(alpha=1.0, compress="asinh", normalize="none", outcome="grpo")]
+
+
+@settings(max_examples=20, deadline=None)
+@given(turn_groups(shapes=((G, K),), batch=(2,)), st.integers(0, 2), st.integers(0, 2**31 - 1))
+def test_cast_recipe_matches_reference(group, which, seed):
+  """CAST as the paper's code runs it (#CAST seed: solver values injected into RLVR): GRPO's
+  outcome advantage plus α of the asinh-compressed, batch-RMS-normalised step-count
+  advantage N(s_k) − N(s_{k+1}); every option against the loops."""
+  ids, rewards, mask, success = group
+  steps = np.random.default_rng(seed).integers(0, 6, ids.shape).astype(np.float32)
+  hp = CAST_RECIPES[which]
+  turns = validate_turns(as_turns(ids, rewards, mask, success))
+  got = np.asarray(agents.cast(turns, solver_steps=steps, **hp))
+  np.testing.assert_allclose(got, ref_cast(rewards, mask, steps, **hp), rtol=2e-4, atol=2e-5)
+
+
+def test_cast_recipe_identities():
+  """α = 0 is GRPO on every turn; outcome 'none' with all-equal step counts is 0 (the RMS of
+  zeros divides nothing); the solving move (N 1 → 0) and a step closer get the same
+  positive step credit, a useless move 0 and a step away the negative of it."""
+  rng = np.random.default_rng(5)
+  mask = np.arange(K) < rng.integers(1, K + 1, (G, 1))
+  rewards = outcome_rewards(rng, mask, "binary")
+  turns = as_turns(np.zeros((G, K + 1), np.int32), rewards, mask)
+  steps = rng.integers(0, 4, (G, K + 1)).astype(np.float32)
+  np.testing.assert_allclose(agents.cast(turns, solver_steps=steps, alpha=0.0),
+                             grpo_per_turn(rewards, mask), atol=1e-6)
+  flat = np.full((G, K + 1), 3.0, np.float32)
+  assert np.all(np.asarray(agents.cast(turns, solver_steps=flat, outcome="none")) == 0)
+  full = np.ones((1, 4), bool)
+  one = as_turns(np.zeros((1, 5), np.int32), np.zeros((1, 4), np.float32), full)
+  adv = np.asarray(agents.cast(one, solver_steps=np.array([[2, 3, 3, 2, 1]], np.float32),
+                               outcome="none", alpha=1.0))[0]
+  assert adv[0] < 0 and adv[1] == 0 and adv[2] > 0 and adv[3] == pytest.approx(adv[2])
+  assert adv[0] == pytest.approx(-adv[2])
 
 
 # Under an outer vmap: the estimator with the distance loop, one with batch statistics, CAST.
@@ -390,7 +451,8 @@ def test_token_wrappers_spread_turn_credit():
   turns = Turns(state_ids=ids, rewards=rewards, turn_mask=mask, token_turn=token_turn)
   validate_turns(turns, rollouts)
   values = values_like(ids)
-  for name, hp in (("gtpo", {}), ("cast", dict(values_star=values))):
+  for name, hp in (("gtpo", {}), ("cast", dict(solver_steps=np.abs(values))),
+                   ("cast", dict(values_star=values, **agents.CAST_VALUE_DIFFERENCE))):
     per_turn = np.asarray(agents.AGENT_ESTIMATORS[name](turns, **hp))
     picked = np.take_along_axis(per_turn, np.maximum(token_turn, 0), -1)
     want = np.where((token_turn >= 0) & tokens_mask, picked, 0.0)
@@ -437,8 +499,14 @@ def test_bad_input_raises():
                           (agents.gtpo, dict(normalize="turn"), "normalize"),
                           (agents.graphgpo, dict(edges="all"), "edges"),
                           (agents.graphgpo, dict(omega=0.0), "omega"),
-                          (agents.cast, {}, "values_star"),
-                          (agents.cast, dict(values_star=np.zeros((2, 2))), "values_star")):
+                          (agents.cast, {}, "solver_steps"),
+                          (agents.cast, dict(solver_steps=np.zeros((2, 2))), "solver_steps"),
+                          (agents.cast, dict(signal="values"), "values_star"),
+                          (agents.cast, dict(signal="values", values_star=np.zeros((2, 2))),
+                           "values_star"),
+                          (agents.cast, dict(signal="value"), "signal"),
+                          (agents.cast, dict(normalize="rms"), "normalize"),
+                          (agents.cast, dict(alpha=-0.1), "alpha")):
     with pytest.raises(ValueError, match=message):
       fn(ok, **hp)
   with pytest.raises(ValueError, match="state_ids must be"):

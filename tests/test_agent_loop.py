@@ -290,9 +290,25 @@ def test_household_expert_solves_and_its_distances_count_down():
   values = np.asarray(ags.solver_values(ep, env, gamma))
   np.testing.assert_allclose(values[:, 0, 0], gamma ** (d0 - 1), rtol=1e-6)
   cast = np.asarray(agents.cast(Turns(ep.state_ids, ep.turn_rewards, ep.turn_mask,
-                                      values_star=values)))
+                                      values_star=values), **agents.CAST_VALUE_DIFFERENCE))
   np.testing.assert_allclose(cast.sum(-1)[:, 0], 1.0 - gamma ** (d0 - 1), atol=1e-6)
   assert np.all(cast[:, 0][np.asarray(ep.turn_mask)[:, 0]] >= -1e-7)  # the expert never loses
+  # The paper's recipe reads the step counts: every expert move is one step closer, the
+  # solving move included (the value-difference form gives the solving move 0 at γ = 1).
+  steps = np.asarray(ags.solver_steps(ep, env))
+  np.testing.assert_array_equal(steps, np.asarray(ep.distances))  # all solved: unchanged
+  taken = np.asarray(ep.turn_mask)
+  recipe = np.asarray(agents.cast(Turns(ep.state_ids, ep.turn_rewards, ep.turn_mask,
+                                        solver_steps=steps), outcome='none', alpha=1.0))
+  np.testing.assert_allclose(recipe[taken], 1.0, rtol=1e-6)  # asinh(1) over its RMS
+  # A trajectory that ended without success at distance 0 (webshop: a wrong purchase ends
+  # the episode) keeps its previous count there: no step credit for the failing turn.
+  i, n0 = 0, int(n[0])
+  failed = ep.replace(success=ep.success.at[i, 0].set(False),
+                      distances=ep.distances.at[i, 0, n0 - 1].set(5))
+  fixed = np.asarray(ags.solver_steps(failed, env))
+  assert fixed[i, 0, n0] == 5 and fixed[i, 0, n0 - 1] == 5
+  np.testing.assert_array_equal(fixed[1:], steps[1:])
 
 
 def test_household_answer_is_the_final_put():

@@ -509,6 +509,25 @@ def solver_values(episodes: Episodes, env, gamma: float = 1.0) -> jax.Array:
   return before + v
 
 
+def solver_steps(episodes: Episodes, env) -> jax.Array:
+  """float32 [B, G, K+1]: N(s_k), the solver's turns still needed to succeed from each state
+  (`episodes.distances`; CAST's step-count advantage, `credit.agents.cast`). Reading: a
+  trajectory that ended without success at a state of distance 0 (webshop: any purchase
+  ends the episode with distance 0) keeps its previous state's count there, so the
+  failing last turn gets no step-count credit (the outcome term scores it); household's
+  turn-limit truncations keep their distance already (see `solver_values`)."""
+  if episodes.distances is None:
+    raise ValueError(f"environment {env.name!r} has no solver (optimal_distance); CAST "
+                     f"needs one.")
+  n = episodes.distances.astype(jnp.float32)
+  last = jnp.sum(episodes.turn_mask, -1)  # index of the state after the last turn
+  at = lambda i: jnp.take_along_axis(n, jnp.maximum(i, 0)[..., None], -1)[..., 0]
+  failed = (~episodes.success) & (at(last) == 0) & (last >= 1)
+  fixed = jnp.where(failed, at(last - 1), at(last))
+  k = jnp.arange(n.shape[-1])
+  return jnp.where(k == last[..., None], fixed[..., None], n)
+
+
 @functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_turns"))
 def answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answer, answer_mask, *,
                     num_turns: Optional[int] = None):
