@@ -293,8 +293,15 @@ def test_household_expert_solves_and_its_distances_count_down():
                                       values_star=values), **agents.CAST_VALUE_DIFFERENCE))
   np.testing.assert_allclose(cast.sum(-1)[:, 0], 1.0 - gamma ** (d0 - 1), atol=1e-6)
   assert np.all(cast[:, 0][np.asarray(ep.turn_mask)[:, 0]] >= -1e-7)  # the expert never loses
+  # At γ = 1 that form gives every expert move 0, the solving one included (R = 1 + V = 0
+  # against R_{<k} = 0 + V = 1): nothing in it rewards finishing (issue 23's cause of the
+  # collapse).
+  flat = np.asarray(agents.cast(Turns(ep.state_ids, ep.turn_rewards, ep.turn_mask,
+                                      values_star=ags.solver_values(ep, env, 1.0)),
+                                **agents.CAST_VALUE_DIFFERENCE))
+  assert np.all(flat == 0)
   # The paper's recipe reads the step counts: every expert move is one step closer, the
-  # solving move included (the value-difference form gives the solving move 0 at γ = 1).
+  # solving move included.
   steps = np.asarray(ags.solver_steps(ep, env))
   np.testing.assert_array_equal(steps, np.asarray(ep.distances))  # all solved: unchanged
   taken = np.asarray(ep.turn_mask)
