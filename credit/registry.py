@@ -19,6 +19,7 @@ actions are trained) get advantages 0 off it from every registered estimator, an
 """
 
 import functools
+import inspect
 from typing import Callable, Optional
 
 import jax.numpy as jnp
@@ -48,6 +49,10 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
     if defaults:
       estimator.__doc__ = f"`{fn.__name__}` with {defaults}.\n\n{fn.__doc__}"
       estimator.__name__ = name
+      sig = inspect.signature(fn)  # the pre-bound defaults, as callers see them
+      estimator.__signature__ = sig.replace(parameters=[
+          p.replace(default=defaults[p.name]) if p.name in defaults else p
+          for p in sig.parameters.values()])
     _REGISTRY[name] = estimator
     _NEEDS[name] = tuple(needs)
     if loss_mask is not None:

@@ -66,14 +66,25 @@ def returns(rollouts: Rollouts, gamma: float = 1.0):
   return discounted_returns(outcome_token_rewards(rollouts), rollouts.mask, gamma)
 
 
-@register("gae")
-def gae(rollouts: Rollouts, gamma: float = 1.0, lam: float = 0.95):
+def _gae(rollouts: Rollouts, gamma: float = 1.0, lam: float = 0.95, whiten: bool = False,
+         eps: float = 1e-8):
   """PPO's GAE(γ, λ) advantages (Schulman et al. 2016) from `rollouts.values`
-  (critic V(s_t) before each token) and per-token plus outcome rewards."""
+  (critic V(s_t) before each token) and per-token plus outcome rewards. `whiten`: then
+  whitened over every unmasked token of the batch (`masked_whiten`), as verl's
+  `compute_gae_advantage_return` does (see docs/conventions.md for the small differences);
+  the loop's critic targets are the unwhitened A + V. The loop fills `values` from its
+  critic (`experiments/training/critic.py`)."""
   if rollouts.values is None:
     raise ValueError("gae needs rollouts.values (critic values per token).")
-  return gae_advantages(outcome_token_rewards(rollouts), rollouts.values, rollouts.mask,
-                        gamma, lam)
+  adv = gae_advantages(outcome_token_rewards(rollouts), rollouts.values, rollouts.mask,
+                       gamma, lam)
+  return masked_whiten(adv, rollouts.mask, eps) if whiten else adv
+
+
+gae = register("gae", needs=("values",))(_gae)
+# PPO as verl runs it (`algorithm.adv_estimator=gae`, its defaults γ = λ = 1, advantages
+# whitened over the batch); the loop's critic fills `values` (experiments/training/critic.py).
+ppo = register("ppo", needs=("values",), gamma=1.0, lam=1.0, whiten=True)(_gae)
 
 
 @register("reinforce_pp")

@@ -1,4 +1,4 @@
-"""CAST: turn advantages V*(s') − V*(s) from the environment's solver, vs GRPO.
+"""CAST (GRPO + the solver's step-count advantage, the paper's recipe) vs GRPO on household.
 
     python -m experiments.cast [--config.quick=True] [--workdir=/tmp/treecredit/cast]
 

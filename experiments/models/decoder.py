@@ -660,6 +660,28 @@ def pick_logprob(logp, tokens):
   return jnp.sum(jnp.where(hit, logp, 0.0), axis=-1)
 
 
+def response_hidden(params, cfg: PolicyConfig, prompts, responses, prompt_len=None):
+  """Final hidden states [B, L, D] f32 at the positions that predict each response token
+  (the state before token t: prompt + responses[:t]); one causal forward over prompt +
+  response. Arguments as `token_logprobs`."""
+  b, p = prompts.shape
+  l = responses.shape[1]
+  if prompt_len is None:
+    seq = jnp.concatenate([prompts, responses], axis=1)
+    idx = jnp.broadcast_to(p - 1 + jnp.arange(l), (b, l))
+  else:  # Pack as prompt[:len] + response + (ignored tail) per row.
+    j = jnp.arange(p + l)[None, :]
+    plen = prompt_len.astype(jnp.int32)[:, None]
+    from_prompt = jnp.take_along_axis(
+        prompts, jnp.broadcast_to(jnp.minimum(j, p - 1), (b, p + l)), 1)
+    from_resp = jnp.take_along_axis(responses, jnp.clip(j - plen, 0, l - 1), 1)
+    seq = jnp.where(j < plen, from_prompt, from_resp)
+    idx = plen - 1 + jnp.arange(l)[None, :]
+  pos = jnp.broadcast_to(jnp.arange(seq.shape[1] - 1), (b, seq.shape[1] - 1))
+  h, _ = model(cfg).apply({'params': params}, seq[:, :-1], pos, method='hidden')
+  return jnp.take_along_axis(h, idx[..., None], axis=1)
+
+
 def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=None):
   """Teacher-forced log p(response token) and policy entropy at each response step.
 
@@ -674,25 +696,9 @@ def token_logprobs(params, cfg: PolicyConfig, prompts, responses, prompt_len=Non
     logprobs [B, L] f32: log p(responses[:, t] | prompt, responses[:, :t]).
     entropy [B, L] f32: entropy of that next-token distribution.
   """
-  b, p = prompts.shape
-  l = responses.shape[1]
-  if prompt_len is None:
-    seq = jnp.concatenate([prompts, responses], axis=1)
-    idx = jnp.broadcast_to(p - 1 + jnp.arange(l), (b, l))
-  else:  # Pack as prompt[:len] + response + (ignored tail) per row.
-    j = jnp.arange(p + l)[None, :]
-    plen = prompt_len.astype(jnp.int32)[:, None]
-    from_prompt = jnp.take_along_axis(
-        prompts, jnp.broadcast_to(jnp.minimum(j, p - 1), (b, p + l)), 1)
-    from_resp = jnp.take_along_axis(responses, jnp.clip(j - plen, 0, l - 1), 1)
-    seq = jnp.where(j < plen, from_prompt, from_resp)
-    idx = plen - 1 + jnp.arange(l)[None, :]
   # Logits only where a response token is predicted (the vocab can be 150k wide).
-  pos = jnp.broadcast_to(jnp.arange(seq.shape[1] - 1), (b, seq.shape[1] - 1))
-  m = model(cfg)
-  h, _ = m.apply({'params': params}, seq[:, :-1], pos, method='hidden')
-  h = jnp.take_along_axis(h, idx[..., None], axis=1)  # [B, L, D]
-  logits = m.apply({'params': params}, h, method='logits')  # [B, L, V]
+  h = response_hidden(params, cfg, prompts, responses, prompt_len)  # [B, L, D]
+  logits = model(cfg).apply({'params': params}, h, method='logits')  # [B, L, V]
   logp, entropy = log_softmax_entropy(logits)  # vocab-split with a 'model' axis
   return pick_logprob(logp, responses.astype(jnp.int32)), entropy
 

@@ -40,6 +40,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -63,6 +64,7 @@ from configs import tempo as default_config
 from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
+from experiments.training import critic as critic_lib
 from experiments.training import saliency as saliency_lib
 from experiments.training import train_step as ts
 from experiments.training import watchdog
@@ -91,6 +93,11 @@ SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
 # Config checks and builders.
 
 
+# The optional `critic` section (`make_critic`): a config without it has no critic fields.
+CRITIC_FIELDS = ('lr', 'warmup_steps', 'cliprange_value', 'agg', 'epochs', 'minibatches',
+                 'microbatches')
+
+
 def check_config(cfg, reference=None, prefix=''):
   """Raises ValueError for a field missing from the reference config, listing valid fields.
 
@@ -102,6 +109,12 @@ def check_config(cfg, reference=None, prefix=''):
     reference = reference_config(cfg)
   for key in cfg.keys():
     path = prefix + key
+    if path == 'critic' and key not in reference:  # an optional section (configs/ppo.py)
+      bad = sorted(set(cfg.critic.keys()) - set(CRITIC_FIELDS))
+      if bad:
+        raise ValueError(f'unknown config field critic.{bad[0]}; valid fields of critic: '
+                         f'{", ".join(CRITIC_FIELDS)}')
+      continue
     if key not in reference:
       raise ValueError(f'unknown config field {path!r}; valid fields'
                        f'{" of " + prefix[:-1] if prefix else ""}: {", ".join(sorted(reference.keys()))}')
@@ -414,8 +427,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
 
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
-  prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None) -> (advantages,
-  loss mask);
+  prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None) ->
+  (advantages, loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
   `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
@@ -426,14 +439,15 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   @jax.jit
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
-         prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None):
+         prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None,
+         values=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
                                step_ends=step_ends, policy_mask=policy_mask, turns=turns,
                                entropy=entropy, prompt_logprobs=prompt_logprobs,
                                prompt_mask=prompt_mask, context_logprobs=context_logprobs, saliency=saliency,
-                               credit_state=credit_state)
+                               credit_state=credit_state, values=values)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:
@@ -441,6 +455,49 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
     return adv, keep, credit.update_state(name, credit_state, rollouts, **hp)
 
   return fn
+
+
+def make_critic(cfg, init_params, pcfg, run_seed: int, mesh):
+  """(critic TrainState on the mesh, `critic.CriticConfig`, (γ, λ) of its targets) for an
+  estimator that reads values. `cfg.critic` (optional; configs/ppo.py sets it): lr
+  (default the policy's), warmup_steps, cliprange_value (verl's 0.5), agg, epochs,
+  minibatches, micro-batches (default the policy's). The targets' γ and λ are the
+  estimator's (`gae`: its `gamma`, `lam`), as verl's returns = A^GAE + V."""
+  c = cfg.get('critic') or {}
+  get = lambda k, d: c.get(k, d) if hasattr(c, 'get') else d
+  o = cfg.optimizer
+  ccfg = critic_lib.CriticConfig(
+      cliprange_value=float(get('cliprange_value', 0.5)), agg=get('agg', 'token-mean'),
+      num_epochs=int(get('epochs', cfg.loss.num_epochs)),
+      num_minibatches=int(get('minibatches', cfg.loss.num_minibatches)),
+      num_microbatches=int(get('microbatches', cfg.loss.num_microbatches)))
+  tx = ts.make_optimizer(float(get('lr', o.lr)), int(get('warmup_steps', o.warmup_steps)),
+                         o.weight_decay, o.grad_clip, o.b1, o.b2)
+  state = ts.shard_state(critic_lib.init_state(init_params, pcfg, tx, seed=run_seed + 1), mesh)
+  sig = inspect.signature(credit.get(cfg.credit.name)).parameters
+  hp = cfg.credit.hparams
+  pick = lambda k, d: float(hp[k]) if k in hp else (
+      float(sig[k].default) if k in sig and sig[k].default is not inspect.Parameter.empty else d)
+  return state, ccfg, (pick('gamma', 1.0), pick('lam', 1.0))
+
+
+def critic_update(critic_state, prompts, plen, samples, values, rewards, token_rewards,
+                  policy_mask, mesh, *, pcfg, ccfg, gamma_lam):
+  """One critic update on this step's rollouts: TD(λ) targets from `values` (the critic's
+  before the update, also the clipping anchor), on the trained tokens. Returns (state,
+  {'critic/vf_loss', 'critic/vf_clipfrac', 'critic/vpred_mean', 'critic/grad_norm'})."""
+  b, g, l = samples.tokens.shape
+  returns = critic_lib.targets(rewards, values, samples.mask, token_rewards, *gamma_lam)
+  mask = samples.mask if policy_mask is None else samples.mask & policy_mask
+  flat = lambda x: x.reshape(b * g, l)
+  batch = critic_lib.CriticBatch(prompts=jnp.repeat(prompts, g, axis=0),
+                                 tokens=flat(samples.tokens), mask=flat(mask),
+                                 old_values=flat(values), returns=flat(returns),
+                                 prompt_len=None if plen is None else jnp.repeat(plen, g, 0))
+  if (b * g) % ts.row_shards(mesh) == 0:
+    batch = ts.shard_batch(batch, mesh)
+  critic_state, m = critic_lib.critic_step_jit(critic_state, batch, cfg=pcfg, ccfg=ccfg)
+  return critic_state, {f'critic/{k}': float(v) for k, v in m.items()}
 
 
 def state_metrics(credit_state) -> dict:
@@ -563,21 +620,28 @@ def _manager(path):
                                            create=True, cleanup_tmp_directories=True))
 
 
-def _state_tree(state: ts.TrainState, credit_state=None):
-  tree = {'params': state.params, 'opt_state': state.opt_state, 'step': state.step,
+def _train_tree(state: ts.TrainState) -> dict:
+  return {'params': state.params, 'opt_state': state.opt_state, 'step': state.step,
           'rng': state.rng}
+
+
+def _state_tree(state: ts.TrainState, credit_state=None, critic=None):
+  tree = _train_tree(state)
   if credit_state is not None:  # a stateful estimator's state, saved with the step's
     tree['credit_state'] = credit_state
+  if critic is not None:  # the learned critic's train state (PPO), likewise
+    tree['critic'] = _train_tree(critic)
   return tree
 
 
-def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, credit_state=None):
+def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, credit_state=None,
+                    critic=None):
   """Saves `step` (orbax writes a temporary directory and renames it when complete, so a
   save cut short leaves the previous checkpoints intact), with `credit_state` (a stateful
-  estimator's state after that step) when given. A failed write (e.g. a full disk)
+  estimator's state after that step) and `critic` (the critic's `TrainState`) when given. A failed write (e.g. a full disk)
   raises an error (OSError for an OS error, same errno; else RuntimeError) naming the
   checkpoint and the newest intact one a rerun resumes from."""
-  tree = ts.to_global(_state_tree(state, credit_state))  # multi-process: global arrays only
+  tree = ts.to_global(_state_tree(state, credit_state, critic))  # multi-process: global only
   try:
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                             meta=ocp.args.JsonSave(meta)), force=True)
@@ -614,11 +678,12 @@ def _set_aside(mngr, step: int) -> str:
 
 
 def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
-                       credit_state=None):
+                       credit_state=None, critic=None):
   """(state, meta) from the newest intact checkpoint, or (None, None) if there is none;
   refuses another config's. With a `credit_state` template (a stateful estimator's state,
   shapes and dtypes) it returns (state, meta, credit_state), the last from the checkpoint
-  or, if there is none, the template itself.
+  or, if there is none, the template itself; with a `critic` template (the critic's
+  `TrainState`) it returns (state, meta, credit_state, critic) likewise.
 
   A checkpoint that cannot be read (truncated or garbled files, a missing item) is set aside
   as `<step>.corrupt` with a warning naming it, and the one before it is tried: the run
@@ -646,7 +711,7 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
           'Use another --workdir or delete the checkpoints to start over.')
     # Restored with the template's shardings (whatever mesh or process count wrote it).
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                            ts.to_global(_state_tree(template, credit_state)))
+                            ts.to_global(_state_tree(template, credit_state, critic)))
     try:
       tree = mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract)))['state']
@@ -657,6 +722,7 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
     state = template.replace(params=tree['params'], opt_state=tree['opt_state'],
                              step=tree['step'], rng=tree['rng'])
     restored_credit = tree.get('credit_state')
+    restored_critic = (critic.replace(**tree['critic']) if critic is not None else None)
     break
   if bad:
     good = ('starting over (no intact checkpoint)' if state is None
@@ -671,6 +737,9 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices('treecredit_checkpoint_set_aside')
     mngr.reload()
+  if critic is not None:
+    return (state, meta, restored_credit if state is not None else credit_state,
+            restored_critic if state is not None else critic)
   if credit_state is None:
     return state, meta
   return state, meta, (restored_credit if state is not None else credit_state)
@@ -858,9 +927,17 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   # A stateful estimator's state (pass-rate EMAs, curricula, ...): carried and checkpointed.
   credit_state = (jax.tree.map(jnp.asarray, credit.init_state(cfg.credit.name, **hparams))
                   if stateful else None)
+  # A learned critic (PPO's GAE), only when the estimator reads values: its own train state.
+  need_values = 'values' in needs
+  critic_state, ccfg, critic_gl = (make_critic(cfg, init_params, pcfg, run_seed, mesh)
+                                   if need_values else (None, None, None))
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   watchdog.register_checkpoints(os.path.join(workdir, 'checkpoints'))  # named if a peer dies
-  if stateful:
+  if need_values:
+    restored, meta, credit_state, critic_state = restore_checkpoint(
+        mngr, state, fp, flat, credit_state, critic_state)
+    critic_state = ts.shard_state(critic_state, mesh)
+  elif stateful:
     restored, meta, credit_state = restore_checkpoint(mngr, state, fp, flat, credit_state)
   else:
     restored, meta = restore_checkpoint(mngr, state, fp, flat)
@@ -906,8 +983,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
     return dict(fingerprint=fp, config=flat, rl_step=step, wall_s=time.time() - t_start,
                 method=method)
 
-  def checkpoint():  # the train state and the credit state after `step`, together
-    save_checkpoint(mngr, step, state, meta_now(), credit_state)
+  def checkpoint():  # the train, credit and critic states after `step`, together
+    save_checkpoint(mngr, step, state, meta_now(), credit_state, critic_state)
 
   bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
              initial=start, total=cfg.rl.steps, leave=False)
@@ -969,6 +1046,13 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             chunks=lp_chunks, **saliency_kw)
       if stateful:
         extra['credit_state'] = credit_state
+      critic_s = 0.0
+      if need_values:  # the critic's V(s_t) before each token: one forward (flat rows)
+        tc = time.perf_counter()
+        extra['values'] = critic_lib.group_values(critic_state.params, prompts, samples.tokens,
+                                                  plen, cfg=pcfg)
+        extra['values'].block_until_ready()
+        critic_s += time.perf_counter() - tc
       ref_lp = (rows_logprobs(ref_params, prompts, samples.tokens, samples.mask, plen, packed,
                               cfg=pcfg, chunks=lp_chunks) if need_ref else None)
       train_rewards = rewards
@@ -994,6 +1078,13 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         batch = ts.shard_batch(batch, mesh)
       state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
       # `state` is now the state after this step (the old one was donated)
+      if need_values:  # regression on TD(λ) returns (verl: returns = A^GAE + V)
+        tc = time.perf_counter()
+        critic_state, cm = critic_update(critic_state, prompts, plen, samples, extra['values'],
+                                         train_rewards, process[0], policy_mask, mesh,
+                                         pcfg=pcfg, ccfg=ccfg, gamma_lam=critic_gl)
+        m.update(cm)
+        critic_s += time.perf_counter() - tc
       step, credit_state = i + 1, (next_credit_state if stateful else None)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                      interrupted=True)
@@ -1020,6 +1111,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                  step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),
                  train_tokens_per_s=ntok * loss_cfg.num_epochs / (t4 - t3),
                  credit_frac=(t3 - t2) / (t4 - t0), **reward_metrics,
+                 **({'critic_s': critic_s} if need_values else {}),
                  **(state_metrics(credit_state) if stateful else {}))
       pending = row  # update applied, row not yet written (see KeyboardInterrupt below)
       if step % cfg.eval.every == 0 or step == cfg.rl.steps:

@@ -1,0 +1,37 @@
+"""PPO as verl runs it (issue 24): a learned critic, GAE with verl's γ = λ = 1, advantages
+whitened over the batch (`credit` estimator `ppo`), and verl's clipped value loss
+(`cliprange_value` 0.5), against GRPO and TEMPO on the same budget.
+
+    python -m experiments.ppo                                     # scratch_add, the main job's budget
+    python -m experiments.ppo --config=configs/ppo.py:household   # household, the agents' budget
+
+The critic (experiments/training/critic.py) is a copy of the warm-start policy with a zero
+value head, its own Adam (lr `critic.lr`), updated once per RL step on TD(λ) returns; its
+compute (one forward for the values, epochs x forward + backward for its update) is
+logged as `critic_s` and counts in each step's wall time, so curves against wall time
+include it; at matched generated tokens or environment steps it is not charged. All three
+methods share the project's policy loss (clip-higher 0.2 / 0.28, dual clip 3); verl's PPO
+defaults differ there (docs/conventions.md). 5 seeds, paired 95 % intervals vs GRPO.
+"""
+
+import ml_collections
+
+from configs import agents, tempo
+
+METHODS = 'grpo:iid,ppo:iid,tempo:iid'
+
+
+def get_config(arg: str = ''):
+  if arg == 'household':
+    c = agents.paper(METHODS)
+  elif arg:
+    raise ValueError(f'configs/ppo.py:{arg}: valid variants are "" (scratch_add) and household')
+  else:
+    c = tempo.get_config()
+    c.methods = METHODS
+  c.seeds = (0, 1, 2, 3, 4)
+  c.critic = ml_collections.ConfigDict(dict(
+      lr=c.optimizer.lr, warmup_steps=c.optimizer.warmup_steps, cliprange_value=0.5,
+      agg='token-mean', epochs=c.loss.num_epochs, minibatches=c.loss.num_minibatches,
+      microbatches=c.loss.num_microbatches))
+  return c

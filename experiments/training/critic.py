@@ -1,0 +1,174 @@
+"""A learned critic for PPO (issue 24): V(s_t) from a decoder trunk and a scalar value head.
+
+The critic is a separate model of the policy's decoder family, initialised from the
+policy's (warm-start) parameters, as verl initialises its critic from a checkpoint: its
+params are {'trunk': decoder params (the LM head is unused), 'value_head': {'kernel': [D],
+'bias': []}}, the head small and random (V ≈ 0 before its first update). It has its own
+optimizer and `TrainState` (`init_state`), is placed on the mesh like the policy
+(`train_step.param_sharding`), and is checkpointed with the run (`loop.train`).
+
+  values(params, cfg, prompts, responses, prompt_len) -> float32 [N, L]: V(s_t), the value
+      of the state before response token t (prompt + responses[:t]), read from the final
+      hidden state that predicts token t (the position `decoder.token_logprobs` scores).
+  value_loss(vpred, old_values, returns, mask, cliprange, agg): verl's clipped value loss,
+      0.5 * agg(max((V − R)², (clip(V, V_old ± c) − R)²)); c = 0 (or None) disables clipping.
+  critic_step(state, batch, cfg, ccfg): epochs x minibatches of that loss on flat rows.
+  targets(rewards, values, mask, token_rewards, gamma, lam): TD(λ) returns
+      G^λ_t = A^GAE_t + V_t (the regression targets; verl's `returns`).
+
+Everything runs on flat rows [N = B·G, L] (no tree packing for the critic). Costs: one
+teacher-forced forward for the values and epochs x (forward + backward) for the update,
+per RL step; none of it when no estimator needs values (`credit.needs(name)`).
+"""
+
+import dataclasses
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+import credit
+from credit.returns import outcome_token_rewards, td_lambda_returns
+from experiments.models import decoder
+from experiments.training import train_step as ts
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+  """Static critic-update hyper-parameters (verl's `critic.*` names where they exist)."""
+  cliprange_value: float = 0.5      # verl critic.cliprange_value; 0 disables value clipping
+  agg: str = 'token-mean'           # verl critic.loss_agg_mode
+  num_epochs: int = 1               # verl critic.ppo_epochs
+  num_minibatches: int = 1
+  num_microbatches: int = 1
+
+  def __post_init__(self):
+    if self.agg not in ts.AGG_MODES:
+      raise ValueError(f'critic agg {self.agg!r}; valid: {", ".join(ts.AGG_MODES)}')
+    if not self.cliprange_value >= 0:
+      raise ValueError(f'critic cliprange_value must be >= 0; got {self.cliprange_value}')
+    for f in ('num_epochs', 'num_minibatches', 'num_microbatches'):
+      if getattr(self, f) < 1:
+        raise ValueError(f'critic {f} must be >= 1')
+
+
+@struct.dataclass
+class CriticBatch:
+  """Rows = responses: prompts [N, P], prompt_len [N] or None, the rest [N, L]."""
+  prompts: jax.Array
+  tokens: jax.Array
+  mask: jax.Array
+  old_values: jax.Array
+  returns: jax.Array
+  prompt_len: Optional[jax.Array] = None
+
+
+def init_params(policy_params, cfg: decoder.PolicyConfig, key=None, scale: float = 0.01):
+  """Critic params from the policy's: a copy of the trunk and a value head with kernel
+  N(0, scale² / D) (key; None: PRNGKey(0)) and bias 0, so V starts near 0 (|V| ~ scale)."""
+  if cfg.lora_rank:
+    raise ValueError('the critic trains all of its weights: build it from a policy without '
+                     'LoRA adapters (merge them first, decoder.merge_lora)')
+  key = jax.random.PRNGKey(0) if key is None else key
+  kernel = scale * jax.random.normal(key, (cfg.d_model,), jnp.float32) / jnp.sqrt(cfg.d_model)
+  return dict(trunk=jax.tree.map(jnp.copy, policy_params),
+              value_head=dict(kernel=kernel, bias=jnp.zeros((), jnp.float32)))
+
+
+def init_state(policy_params, cfg: decoder.PolicyConfig, tx: optax.GradientTransformation,
+               seed: int = 0) -> ts.TrainState:
+  params = init_params(policy_params, cfg, jax.random.PRNGKey(seed))
+  return ts.init_state(params, tx, seed=seed)
+
+
+def values(params, cfg: decoder.PolicyConfig, prompts, responses, prompt_len=None):
+  """float32 [N, L]: V(s_t) before each response token (see the module docstring)."""
+  h = decoder.response_hidden(params['trunk'], cfg, prompts, responses, prompt_len)
+  head = params['value_head']
+  return h @ head['kernel'] + head['bias']
+
+
+def _value_terms(vpred, old_values, returns, cliprange):
+  """Per-token (max(l₁, l₂), l₂ > l₁) of `value_loss` (l₁ alone without clipping)."""
+  l1 = (vpred - returns) ** 2
+  if not cliprange:
+    return l1, jnp.zeros_like(l1, bool)
+  delta = vpred - old_values
+  l2 = (old_values + jnp.clip(delta, -cliprange, cliprange) - returns) ** 2
+  # Counted where the clip is active (|V − V_old| > c) and raises the loss: unclipped, l₂
+  # equals l₁ up to rounding, which verl's plain l₂ > l₁ counts at random.
+  return jnp.maximum(l1, l2), (jnp.abs(delta) > cliprange) & (l2 > l1)
+
+
+def value_loss(vpred, old_values, returns, mask, cliprange: Optional[float] = 0.5,
+               agg: str = 'token-mean'):
+  """verl's `compute_value_loss`: (0.5 · agg(max(l₁, l₂)), clip fraction), l₁ = (V − R)²,
+  l₂ = (V_old + clip(V − V_old, −c, c) − R)²; without clipping (c 0 / None) l₁ alone.
+  The clip fraction (verl's `vf_clipfrac`) is the share of tokens where the clip is active
+  and l₂ > l₁."""
+  mask = jnp.asarray(mask, bool)
+  loss, clipped = _value_terms(vpred, old_values, returns, cliprange)
+  n, l = mask.shape[0], mask.shape[-1]
+  num = jnp.sum(mask.astype(jnp.float32))
+  w = ts.token_weights(mask, agg, n, num, l)
+  wm = ts.token_weights(mask, 'token-mean', n, num, l)
+  return 0.5 * jnp.sum(w * loss), jnp.sum(wm * clipped)
+
+
+def targets(rewards, values_, mask, token_rewards=None, gamma: float = 1.0, lam: float = 1.0):
+  """float32 [..., G, L] TD(λ) returns of the outcome `rewards` [..., G] (on each response's
+  last token) plus `token_rewards`, bootstrapped from `values_` (0 after the last token)."""
+  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=mask, rewards=rewards,
+                      token_rewards=token_rewards)
+  return td_lambda_returns(outcome_token_rewards(r), values_, mask, gamma, lam)
+
+
+def critic_step(state: ts.TrainState, batch: CriticBatch, *, cfg: decoder.PolicyConfig,
+                ccfg: CriticConfig):
+  """num_epochs x num_minibatches value-loss updates on one batch of N rows (N must divide
+  into num_minibatches x num_microbatches); rows shuffled each epoch with a key from
+  `state.rng`. Returns (state, metrics: vf_loss, vf_clipfrac, vpred_mean, grad_norm, means
+  over the updates)."""
+  n = batch.tokens.shape[0]
+  nmb, nmicro = ccfg.num_minibatches, ccfg.num_microbatches
+  if n % (nmb * nmicro):
+    raise ValueError(f'{n} rows not divisible by critic num_minibatches * num_microbatches '
+                     f'= {nmb * nmicro}')
+  rng, perm_key = jax.random.split(state.rng)
+  perms = jnp.stack([jax.random.permutation(k, n)
+                     for k in jax.random.split(perm_key, ccfg.num_epochs)])
+  order = perms.reshape(ccfg.num_epochs * nmb, n // nmb)
+
+  def loss_fn(params, micro):
+    mb, w, wm = micro
+    v = values(params, cfg, mb.prompts, mb.tokens, mb.prompt_len)
+    loss, clipped = _value_terms(v, mb.old_values, mb.returns, ccfg.cliprange_value)
+    return 0.5 * jnp.sum(w * loss), dict(vf_clipfrac=jnp.sum(wm * clipped),
+                                         vpred_mean=jnp.sum(wm * v))
+
+  def update(state, idx):
+    mb = jax.tree.map(lambda x: x[idx], batch)
+    num = jnp.sum(mb.mask.astype(jnp.float32))  # weights over the whole minibatch
+    w = ts.token_weights(mb.mask, ccfg.agg, idx.shape[0], num, mb.mask.shape[1])
+    wm = ts.token_weights(mb.mask, 'token-mean', idx.shape[0], num, mb.mask.shape[1])
+    loss, aux, grads = ts._accumulate_grads(loss_fn, state.params, (mb, w, wm), nmicro)
+    return ts._apply(state, grads), dict(vf_loss=loss, grad_norm=optax.tree.norm(grads), **aux)
+
+  state, metrics = jax.lax.scan(update, state.replace(rng=rng), order)
+  return state, jax.tree.map(jnp.mean, metrics)
+
+
+critic_step_jit = jax.jit(critic_step, static_argnames=('cfg', 'ccfg'), donate_argnums=0)
+values_jit = jax.jit(values, static_argnames=('cfg',))
+
+
+@functools.partial(jax.jit, static_argnames=('cfg',))
+def group_values(params, prompts, tokens, prompt_len=None, *, cfg):
+  """`values` of [B, G, L] responses to [B, P] prompts -> float32 [B, G, L]."""
+  b, g, l = tokens.shape
+  rep = lambda x: None if x is None else jnp.repeat(x, g, axis=0)
+  v = values(params, cfg, rep(prompts), tokens.reshape(b * g, l), rep(prompt_len))
+  return v.reshape(b, g, l)

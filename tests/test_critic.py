@@ -1,0 +1,193 @@
+"""The learned critic (experiments/training/critic.py) and PPO in the loop (issue 24).
+
+References: verl's clipped value loss in plain numpy; TD(λ) targets against a loop; the
+value head reading the state before each token (causality, padding); micro-batching equal
+to one batch; a quick PPO run whose critic learns, is checkpointed and restores.
+"""
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jax
+import jax.numpy as jnp
+
+import credit
+from experiments.models import decoder
+from experiments.training import critic as critic_lib
+from experiments.training import train_step as ts
+
+CFG = decoder.PolicyConfig(vocab_size=11, d_model=16, num_layers=1, num_heads=2, d_ff=32,
+                           max_len=12)
+
+
+def np_value_loss(v, old, ret, mask, clip, agg):
+  """verl `compute_value_loss` in numpy (token-mean / seq-mean-token-mean)."""
+  v, old, ret = (np.asarray(x, np.float64) for x in (v, old, ret))
+  mask = np.asarray(mask, bool)
+  l1 = (v - ret) ** 2
+  if clip:
+    l2 = (old + np.clip(v - old, -clip, clip) - ret) ** 2
+    loss, frac = np.maximum(l1, l2), (np.abs(v - old) > clip) & (l2 > l1)
+  else:
+    loss, frac = l1, np.zeros_like(l1, bool)
+  if agg == 'token-mean':
+    agg_loss = loss[mask].mean()
+  else:  # seq-mean-token-mean over rows with a token
+    rows = [loss[i][mask[i]].mean() for i in range(len(mask)) if mask[i].any()]
+    agg_loss = float(np.sum(rows)) / len(mask)
+  return 0.5 * agg_loss, frac[mask].mean()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([0.0, 0.2, 0.5]),
+       st.sampled_from(['token-mean', 'seq-mean-token-mean']))
+def test_value_loss_matches_verl_in_numpy(seed, clip, agg):
+  rng = np.random.default_rng(seed)
+  shape = (4, 6)
+  v, old, ret = (rng.normal(size=shape).astype(np.float32) for _ in range(3))
+  mask = np.arange(6) < rng.integers(1, 7, (4, 1))
+  loss, frac = critic_lib.value_loss(v, old, ret, mask, clip, agg)
+  want_loss, want_frac = np_value_loss(v, old, ret, mask, clip, agg)
+  assert float(loss) == pytest.approx(want_loss, rel=1e-5, abs=1e-6)
+  assert float(frac) == pytest.approx(want_frac, abs=1e-6)
+  if clip:  # V = V_old: clipping changes nothing
+    assert float(critic_lib.value_loss(old, old, ret, mask, clip, agg)[0]) == pytest.approx(
+        np_value_loss(old, old, ret, mask, 0.0, agg)[0], rel=1e-5)
+
+
+def test_targets_are_gae_plus_values_and_monte_carlo_at_lambda_1():
+  rng = np.random.default_rng(0)
+  mask = np.arange(5) < np.array([[5], [3], [1]])
+  values = rng.normal(size=(3, 5)).astype(np.float32)
+  rewards = np.array([1.0, 0.0, 2.0], np.float32)
+  mc = critic_lib.targets(rewards, values, mask, gamma=1.0, lam=1.0)
+  np.testing.assert_allclose(mc, np.where(mask, rewards[:, None], 0.0), atol=1e-6)
+  gamma, lam = 0.9, 0.7
+  got = np.asarray(critic_lib.targets(rewards, values, mask, gamma=gamma, lam=lam))
+  for i in range(3):  # loop: G^λ_t = r_t + γ((1 − λ) V_{t+1} + λ G^λ_{t+1}), V, G = 0 after
+    n, g_next, v_next = int(mask[i].sum()), 0.0, 0.0
+    for t in reversed(range(n)):
+      r = rewards[i] if t == n - 1 else 0.0
+      g = r + gamma * ((1 - lam) * v_next + lam * g_next)
+      assert got[i, t] == pytest.approx(g, abs=1e-5)
+      g_next, v_next = g, float(values[i, t])
+  adv = credit.get('gae')(credit.Rollouts(tokens=np.zeros((3, 5), np.int32), mask=mask,
+                                          rewards=rewards, values=values), gamma=gamma, lam=lam)
+  np.testing.assert_allclose(got, np.where(mask, np.asarray(adv) + values, 0.0), atol=1e-5)
+
+
+def test_ppo_estimator_is_whitened_gae_with_verls_defaults():
+  rng = np.random.default_rng(1)
+  mask = np.arange(6) < rng.integers(1, 7, (2, 4, 1))
+  r = credit.Rollouts(tokens=np.zeros((2, 4, 6), np.int32), mask=mask,
+                      rewards=rng.normal(size=(2, 4)).astype(np.float32),
+                      values=rng.normal(size=(2, 4, 6)).astype(np.float32))
+  raw = np.asarray(credit.get('gae')(r, gamma=1.0, lam=1.0), np.float64)
+  x = raw[mask]  # whitened over every unmasked token of the batch (population std)
+  want = np.where(mask, (raw - x.mean()) / (x.std() + 1e-8), 0.0)
+  np.testing.assert_allclose(credit.get('ppo')(r), want, atol=1e-5)
+  assert credit.needs('ppo') == credit.needs('gae') == ('values',)
+
+
+@pytest.fixture(scope='module')
+def policy():
+  return decoder.init_params(jax.random.PRNGKey(0), CFG)
+
+
+def test_values_read_the_state_before_each_token(policy):
+  params = critic_lib.init_params(policy, CFG)
+  v0 = critic_lib.values(params, CFG, jnp.ones((1, 3), jnp.int32), jnp.ones((1, 4), jnp.int32))
+  assert 0 < float(jnp.abs(v0).max()) < 0.1  # a small random head: V ≈ 0 at the start
+  params['value_head']['kernel'] = jax.random.normal(jax.random.PRNGKey(1), (CFG.d_model,))
+  prompts = jnp.asarray([[3, 4, 5]], jnp.int32)
+  resp = jnp.asarray([[6, 7, 8, 9]], jnp.int32)
+  v = np.asarray(critic_lib.values(params, CFG, prompts, resp))[0]
+  changed = np.asarray(critic_lib.values(params, CFG, prompts, resp.at[0, 2].set(1)))[0]
+  np.testing.assert_allclose(v[:3], changed[:3], atol=1e-6)  # V(s_t) sees responses[:t]
+  assert abs(v[3] - changed[3]) > 1e-6
+  # A right-padded prompt with its length gives the same values as the unpadded prompt.
+  padded = critic_lib.values(params, CFG, jnp.asarray([[3, 4, 5, 0, 0]], jnp.int32), resp,
+                             jnp.asarray([3], jnp.int32))
+  np.testing.assert_allclose(np.asarray(padded)[0], v, atol=1e-5)
+  with pytest.raises(ValueError, match='LoRA'):
+    critic_lib.init_params(policy, dataclasses.replace(CFG, lora_rank=2))
+
+
+def _batch(rng, n=8, p=3, l=5):
+  mask = np.arange(l) < rng.integers(1, l + 1, (n, 1))
+  return critic_lib.CriticBatch(
+      prompts=jnp.asarray(rng.integers(0, 11, (n, p)), jnp.int32),
+      tokens=jnp.asarray(rng.integers(0, 11, (n, l)), jnp.int32), mask=jnp.asarray(mask),
+      old_values=jnp.zeros((n, l), jnp.float32),
+      returns=jnp.asarray(np.where(mask, rng.normal(size=(n, 1)), 0.0), jnp.float32))
+
+
+def test_critic_step_fits_returns_and_micro_batches_are_exact(policy):
+  batch = _batch(np.random.default_rng(2))
+  tx = ts.make_optimizer(3e-3)
+  one = critic_lib.CriticConfig(cliprange_value=0.0)
+  two = critic_lib.CriticConfig(cliprange_value=0.0, num_microbatches=2)
+  s1, m1 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
+                                  ccfg=one)
+  s2, m2 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
+                                  ccfg=two)
+  assert float(m1['vf_loss']) == pytest.approx(float(m2['vf_loss']), rel=1e-5)
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  state, losses = critic_lib.init_state(policy, CFG, tx), []
+  step = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=one))
+  for _ in range(60):
+    state, m = step(state)
+    losses.append(float(m['vf_loss']))
+  assert losses[-1] < 0.2 * losses[0], losses[::10]
+  with pytest.raises(ValueError, match='not divisible'):
+    critic_lib.critic_step(state, batch, cfg=CFG,
+                           ccfg=critic_lib.CriticConfig(num_minibatches=3))
+  with pytest.raises(ValueError, match='cliprange_value'):
+    critic_lib.CriticConfig(cliprange_value=-1.0)
+
+
+def test_quick_ppo_run_trains_and_checkpoints_its_critic(tmp_path):
+  """PPO through the loop on the quick scratch config: the critic's loss is logged, its
+  state saved with the step and restored (not the initial one)."""
+  from configs import ppo
+  from experiments.training import loop
+  from tests.test_loop import quick_cfg
+  cfg = quick_cfg()
+  with cfg.unlocked():
+    cfg.critic = ppo.get_config().critic
+    cfg.critic.lr = 1e-2
+  cfg.rl.steps, cfg.rl.ckpt_every = 3, 3
+  from tests.test_loop import init_params
+  init = init_params(cfg)
+  loop.train(cfg, str(tmp_path), init, method='ppo:iid', progress=False)
+  rows = [r for r in loop.read_metrics(str(tmp_path / 'metrics.jsonl')) if 'reward' in r]
+  assert len(rows) == 3 and all(np.isfinite(r['critic/vf_loss']) for r in rows)
+  assert all(r['critic_s'] > 0 for r in rows)
+  pcfg = loop.build_problem(cfg).pcfg
+  o, mesh = cfg.optimizer, ts.make_mesh(1)
+  template, _, gamma_lam = loop.make_critic(loop.with_method(cfg, 'ppo:iid'), init, pcfg, 0,
+                                            mesh)
+  assert gamma_lam == (1.0, 1.0)  # the ppo estimator's γ and λ
+  state = ts.init_state(init, ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay,
+                                                o.grad_clip, o.b1, o.b2))
+  mngr = loop._manager(str(tmp_path / 'checkpoints'))
+  meta = mngr.restore(mngr.latest_step(), args=loop.ocp.args.Composite(
+      meta=loop.ocp.args.JsonRestore()))['meta']
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', RuntimeWarning)  # a checkpoint set aside would warn
+    _, meta2, _, restored = loop.restore_checkpoint(mngr, state, meta['fingerprint'],
+                                                    meta['config'], None, template)
+  updates = 3 * cfg.loss.num_epochs * cfg.loss.num_minibatches  # one per critic minibatch
+  assert meta2['rl_step'] == 3 and int(restored.step) == updates
+  head = np.asarray(restored.params['value_head']['kernel'])
+  assert not np.allclose(head, template.params['value_head']['kernel'])  # trained, restored
+  # Resuming the finished run restores policy and critic (no new rows).
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', RuntimeWarning)
+    loop.train(cfg, str(tmp_path), init, method='ppo:iid', progress=False)
+  assert len(loop.read_metrics(str(tmp_path / 'metrics.jsonl'))) == len(rows) + 1
