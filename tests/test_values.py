@@ -1,0 +1,83 @@
+"""Monte Carlo values at forks (`credit.values.mc_values`, issue 24 item 3) against
+plain-Python references and its identities: TEMPO's TD term, telescoping to R − μ."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jax
+import credit
+from groups import groups, sampled_trees
+import trees
+
+SETTINGS = settings(max_examples=20, deadline=None)
+MC = jax.jit(lambda r: credit.get("mc_values")(r))
+MC_STEP = jax.jit(lambda r: credit.get("mc_values")(r, granularity="step"))
+
+
+def prefix_value_ref(tokens, mask, rewards, g, t):
+  """Mean reward of the responses whose first t tokens equal response g's (t = 0: all)."""
+  key = tuple(tokens[g][:t])
+  same = [j for j in range(len(rewards))
+          if mask[j][:t].all() and tuple(tokens[j][:t]) == key] if t else range(len(rewards))
+  return float(np.mean([rewards[j] for j in same]))
+
+
+@SETTINGS
+@given(groups(sizes=(1, 3, 6), lengths=(5,), batch=(2,)))
+def test_token_credit_is_the_difference_of_prefix_values(group):
+  tokens, mask, rewards = group
+  got = np.asarray(MC(credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards)))
+  for b in range(tokens.shape[0]):
+    for g in range(tokens.shape[1]):
+      for t in range(tokens.shape[2]):
+        want = (prefix_value_ref(tokens[b], mask[b], rewards[b], g, t + 1)
+                - prefix_value_ref(tokens[b], mask[b], rewards[b], g, t)) if mask[b, g, t] else 0
+        assert got[b, g, t] == pytest.approx(want, abs=1e-5), (b, g, t)
+
+
+@SETTINGS
+@given(sampled_trees(), st.integers(0, 2**31 - 1))
+def test_identities_on_sampled_trees(sample, seed):
+  tokens, mask, rewards, parent, fork = sample
+  tree = trees.from_forks(tokens, mask, parent, fork)
+  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, tree=tree)
+  adv = np.asarray(credit.get("mc_values")(r), np.float64)
+  # TEMPO without scaling = (R − μ) + the TD term; mc_values is the TD term.
+  outcome = np.asarray(credit.get("dr_grpo")(r), np.float64)
+  np.testing.assert_allclose(adv, np.asarray(credit.get("tempo")(r, scale_by_std=False))
+                             - outcome, atol=1e-5)
+  # Along each response with a token, the credit telescopes to V̂(its last prefix) − μ: R − μ
+  # unless longer responses extend it (then the mean of their rewards and its own).
+  has = mask.any(-1)
+  mu = rewards.mean(-1, keepdims=True)
+  _, after = trees.prefix_values(tree, rewards)
+  last = np.take_along_axis(np.asarray(after), np.maximum(mask.sum(-1) - 1, 0)[..., None], -1)
+  np.testing.assert_allclose(adv.sum(-1)[has], (last[..., 0] - mu)[has], atol=1e-5)
+  leaf = has & np.isclose(last[..., 0], rewards)
+  np.testing.assert_allclose(adv.sum(-1)[leaf], (rewards - mu)[leaf], atol=1e-5)
+  # Steps: every token of a step carries the step's summed credit; totals unchanged.
+  ends = (np.random.default_rng(seed).random(mask.shape) < 0.3) & mask
+  step = np.asarray(credit.get("mc_values")(r.replace(step_ends=ends), granularity="step"))
+  for b, g in np.ndindex(mask.shape[:2]):
+    n = int(mask[b, g].sum())
+    start = 0
+    for t in range(n):
+      if ends[b, g, t] or t == n - 1:
+        np.testing.assert_allclose(step[b, g, start:t + 1], adv[b, g, start:t + 1].sum(),
+                                   atol=1e-5)
+        start = t + 1
+  assert np.all(step[~mask] == 0)
+
+
+def test_step_needs_step_ends_and_options_are_checked():
+  r = credit.Rollouts(tokens=np.zeros((2, 3), np.int32), mask=np.ones((2, 3), bool),
+                      rewards=np.array([1.0, 0.0], np.float32))
+  with pytest.raises(ValueError, match="step_ends"):
+    credit.get("mc_values")(r, granularity="step")
+  with pytest.raises(ValueError, match="granularity"):
+    credit.get("mc_values")(r, granularity="turn")
+  scaled = credit.get("mc_values")(r, scale_by_std=True)
+  np.testing.assert_allclose(np.asarray(scaled),
+                             np.asarray(credit.get("mc_values")(r)) / (np.std([1, 0], ddof=1)
+                                                                       + 1e-6), rtol=1e-5)
