@@ -132,15 +132,9 @@ def critic_step(state: ts.TrainState, batch: CriticBatch, *, cfg: decoder.Policy
   into num_minibatches x num_microbatches); rows shuffled each epoch with a key from
   `state.rng`. Returns (state, metrics: vf_loss, vf_clipfrac, vpred_mean, grad_norm, means
   over the updates)."""
-  n = batch.tokens.shape[0]
-  nmb, nmicro = ccfg.num_minibatches, ccfg.num_microbatches
-  if n % (nmb * nmicro):
-    raise ValueError(f'{n} rows not divisible by critic num_minibatches * num_microbatches '
-                     f'= {nmb * nmicro}')
-  rng, perm_key = jax.random.split(state.rng)
-  perms = jnp.stack([jax.random.permutation(k, n)
-                     for k in jax.random.split(perm_key, ccfg.num_epochs)])
-  order = perms.reshape(ccfg.num_epochs * nmb, n // nmb)
+  nmicro = ccfg.num_microbatches
+  rng, order = ts.minibatch_order(state.rng, batch.tokens.shape[0], ccfg.num_epochs,
+                                  ccfg.num_minibatches, nmicro, 'critic rows')
 
   def loss_fn(params, micro):
     mb, w, wm = micro

@@ -384,6 +384,20 @@ def _apply(state: TrainState, grads):
   return state.replace(params=params, opt_state=opt_state, step=state.step + 1)
 
 
+def minibatch_order(rng, units: int, num_epochs: int, num_minibatches: int,
+                    num_microbatches: int, what: str = 'rows'):
+  """(next rng, int32 [num_epochs * num_minibatches, units / num_minibatches]): each
+  epoch's shuffle of the `units` (rows or groups), cut into minibatches; a ValueError
+  naming `what` when the units do not divide into minibatches x micro-batches."""
+  if units % (num_minibatches * num_microbatches):
+    raise ValueError(f'{units} {what} not divisible by num_minibatches * num_microbatches = '
+                     f'{num_minibatches * num_microbatches}')
+  rng, perm_key = jax.random.split(rng)
+  perms = jnp.stack([jax.random.permutation(k, units)
+                     for k in jax.random.split(perm_key, num_epochs)])
+  return rng, perms.reshape(num_epochs * num_minibatches, units // num_minibatches)
+
+
 def train_step(state: TrainState, batch: Batch, *, cfg: decoder.PolicyConfig,
                loss_cfg: LossConfig):
   """num_epochs x num_minibatches clipped-surrogate updates on one rollout batch.
@@ -401,13 +415,8 @@ def train_step(state: TrainState, batch: Batch, *, cfg: decoder.PolicyConfig,
   packed = batch.packing is not None
   units = batch.packing.tokens.shape[0] if packed else n  # groups or rows
   rows_per_unit = n // units
-  if units % (nmb * nmicro):
-    raise ValueError(f'{units} {"groups" if packed else "rows"} not divisible by '
-                     f'num_minibatches * num_microbatches = {nmb * nmicro}')
-  rng, perm_key = jax.random.split(state.rng)
-  perms = jnp.stack([jax.random.permutation(k, units)
-                     for k in jax.random.split(perm_key, loss_cfg.num_epochs)])
-  order = perms.reshape(loss_cfg.num_epochs * nmb, units // nmb)
+  rng, order = minibatch_order(state.rng, units, loss_cfg.num_epochs, nmb, nmicro,
+                               'groups' if packed else 'rows')
   max_len = batch.tokens.shape[1]
 
   def update(state, unit_idx):
