@@ -14,7 +14,8 @@ import credit.saliency  # noqa: F401 (registers grail)
 from experiments.models import decoder
 from experiments.training import saliency
 from tests.groups import groups
-from tests.test_context_shift import ref_grpo, ref_mass_conserving
+from groups import grpo_ref
+from tests.test_context_shift import ref_mass_conserving
 
 V, B, G, P, L = 40, 2, 3, 4, 6
 CFG = decoder.PolicyConfig(vocab_size=V, d_model=16, num_layers=1, num_heads=2, d_ff=32,
@@ -128,7 +129,7 @@ def test_saliency_equals_finite_differences(batch):
 def ref_grail(rewards, mask, sal, mix=0.5, power=1.0, normalize="response"):
   u = np.where(mask, np.asarray(sal, np.float64) ** power, 0.0)
   w = 1 + mix * (ref_mass_conserving(u, mask, normalize) - 1)
-  return np.where(mask, ref_grpo(rewards)[..., None] * w, 0.0)
+  return np.where(mask, grpo_ref(rewards)[..., None] * w, 0.0)
 
 
 @st.composite
