@@ -39,6 +39,8 @@ class Turns:
       from probe forward passes (index n_g: after the last turn; IGPO), or None.
     solver_steps: float32 [..., G, K+1], a solver's count of the turns still needed to
       succeed from every state in state_ids, N(s) (CAST's step-count advantage), or None.
+    milestones: int32 [..., G, K], the sub-goals (milestones) turn k achieves for the
+      first time in its trajectory, 0 if none (BEACON's segment boundaries), or None.
   """
 
   state_ids: jax.Array
@@ -49,6 +51,7 @@ class Turns:
   values_star: Optional[jax.Array] = None
   answer_logprobs: Optional[jax.Array] = None
   solver_steps: Optional[jax.Array] = None
+  milestones: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -186,6 +189,12 @@ def check_turn_shapes(turns: Turns):
     if value is not None and _array(value).shape != state_ids.shape:
       raise ValueError(f"{name} must have state_ids' shape [..., G, K+1] = {state_ids.shape}; "
                        f"got {_array(value).shape}.")
+  if turns.milestones is not None:
+    milestones = _array(turns.milestones)
+    if milestones.shape != turn_mask.shape or not jnp.issubdtype(milestones.dtype,
+                                                                jnp.integer):
+      raise ValueError(f"milestones must be integers of turn_mask's shape {turn_mask.shape}; "
+                       f"got {milestones.dtype} {milestones.shape}.")
   if turns.token_turn is not None:
     token_turn = _array(turns.token_turn)
     if token_turn.ndim != turn_mask.ndim or token_turn.shape[:-1] != (*batch, g):
@@ -237,6 +246,9 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
     check_state_values("answer_logprobs", turns.answer_logprobs, mask, allow_neg_inf=True)
   if turns.solver_steps is not None:
     check_state_values("solver_steps", turns.solver_steps, mask)
+  if turns.milestones is not None and _concrete(turns.milestones, mask):
+    if np.any(np.asarray(turns.milestones)[np.asarray(mask, bool)] < 0):
+      raise ValueError("milestones must be >= 0 on taken turns (a count of sub-goals).")
   if turns.token_turn is None:
     if rollouts is not None:
       raise ValueError("token_turn is None: the turns cannot be matched to the rollouts' tokens.")

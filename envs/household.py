@@ -149,6 +149,11 @@ class Household(multiturn.MultiTurnEnv):
     return jnp.stack([(state.holding == state.goal_obj) | placed, clean_ok,
                       placed & clean_ok], -1)
 
+  def milestones(self, state):
+    """bool [n, 3] of each state (BEACON's milestones, `credit.milestones`): holding X or X
+    in Y; X clean (True when not asked); solved."""
+    return self._milestones(state)
+
   def _transition(self, state, actions, action_mask):
     nxt, valid = jax.vmap(self._act)(state, actions, action_mask)
     milestones = self._milestones(nxt)

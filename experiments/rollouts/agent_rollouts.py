@@ -223,13 +223,16 @@ class AgentProblem:
                            turns=float(jnp.mean(e.lengths)))
 
   def turns(self, params, draw: Draw, samples: AgentSamples, needs=()) -> credit.Turns:
-    """The samples' `credit.Turns`, with values_star / solver_steps / answer_logprobs if in
-    `needs` (the gold answer, `env.answer`, is fixed by the group's start state)."""
+    """The samples' `credit.Turns`, with values_star / solver_steps / milestones /
+    answer_logprobs if in `needs` (the gold answer, `env.answer`, is fixed by the group's
+    start state)."""
     turns, e = samples.turns, samples.episodes
     if 'values_star' in needs:
       turns = turns.replace(values_star=ags.solver_values(e, self.env, self.gamma))
     if 'solver_steps' in needs:
       turns = turns.replace(solver_steps=ags.solver_steps(e, self.env))
+    if 'milestones' in needs:
+      turns = turns.replace(milestones=ags.milestone_turns(e, self.env))
     if 'answer_logprobs' in needs:
       if not hasattr(self.env, 'answer'):
         raise ValueError(f'environment {self.env.name!r} has no gold answer (env.answer); '

@@ -83,6 +83,8 @@ class Episodes:
     fork_turn: int32 [B, G], turns g copied from its parent (0 for chains).
     distances: int32 [B, G, K+1], `env.optimal_distance` (turns a solver still needs)
       of the same states as state_ids, for environments that have one; else None.
+    milestones: bool [B, G, K+1, M], `env.milestones` of the same states (household's
+      sub-goals), for environments that have them; else None.
   """
 
   tokens: jax.Array
@@ -99,6 +101,7 @@ class Episodes:
   parent: jax.Array
   fork_turn: jax.Array
   distances: Optional[jax.Array] = None
+  milestones: Optional[jax.Array] = None
 
   @property
   def returns(self) -> jax.Array:
@@ -293,6 +296,8 @@ def _env_turn(env, state, actions, policy, logprobs):
   record = dict(state_id=env.state_id(state), live=live)
   if hasattr(env, "optimal_distance"):
     record["distance"] = env.optimal_distance(state)
+  if hasattr(env, "milestones"):
+    record["milestones"] = env.milestones(state)
   state, obs, obs_mask, reward, _, info = env.step(state, actions, policy)
   obs_mask = obs_mask & live[:, None]
   key = _success_key(env)
@@ -363,6 +368,9 @@ def _episodes(env, num_groups, obs0, obs0_mask, recs, final_state, parent, fork_
   if "distance" in recs:
     flat["distances"] = jnp.concatenate(
         [recs["distance"], env.optimal_distance(final_state)[:, None]], -1)
+  if "milestones" in recs:
+    flat["milestones"] = jnp.concatenate(
+        [recs["milestones"], env.milestones(final_state)[:, None]], 1)
   flat = {n: x.reshape((num_groups, r // num_groups) + x.shape[1:]) for n, x in flat.items()}
   return Episodes(**flat, parent=jnp.asarray(parent, jnp.int32),
                   fork_turn=jnp.asarray(fork_turn, jnp.int32))
@@ -507,6 +515,19 @@ def solver_values(episodes: Episodes, env, gamma: float = 1.0) -> jax.Array:
   rewards = jnp.where(episodes.turn_mask, episodes.turn_rewards, 0.0)
   before = jnp.concatenate([jnp.zeros_like(rewards[..., :1]), jnp.cumsum(rewards, -1)], -1)
   return before + v
+
+
+def milestone_turns(episodes: Episodes, env) -> jax.Array:
+  """int32 [B, G, K]: the milestones turn k achieves for the first time in its trajectory
+  (held by the state after it, by no earlier state, the start included), 0 on untaken
+  turns (BEACON's segment boundaries, `credit.milestones.beacon`)."""
+  if episodes.milestones is None:
+    raise ValueError(f"environment {env.name!r} reports no milestones (env.milestones); "
+                     f"milestone credit needs them (household has them).")
+  m = episodes.milestones.astype(bool)  # [B, G, K+1, M]
+  before = jax.lax.cummax(m.astype(jnp.int32), axis=2).astype(bool)  # held by s_0 .. s_k
+  new = m[:, :, 1:] & ~before[:, :, :-1]
+  return jnp.where(episodes.turn_mask, jnp.sum(new, -1), 0).astype(jnp.int32)
 
 
 def solver_steps(episodes: Episodes, env) -> jax.Array:

@@ -1,0 +1,82 @@
+"""Milestone and hierarchical turn credit for multi-turn agents (issue 23).
+
+`beacon(turns, ...) -> advantages [..., G, K]` reads `Turns.milestones` (the sub-goals each
+turn achieves for the first time; the loop fills them from the environment, household's
+`milestones`), and is registered, like `credit.agents`' estimators, as a token-level
+estimator reading `rollouts.turns` (`needs=('turns', 'milestones')`).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from credit.agents import _EPS, _check_unit, _grpo, _token_level, _validated, _from_rollouts
+from credit.registry import register
+from credit.turns import Turns, check_turn_shapes, episode_returns
+from trees.step_graph import map_groups
+
+
+@_validated
+def beacon(turns: Turns, gamma: float = 0.9, omega: float = 1.0, scale_by_std: bool = True,
+           milestones=None, eps: float = _EPS):
+  """BEACON (#28; the seed abstract and its public code's description): milestone-anchored
+  dual-scale advantages.
+
+  A turn that achieves a milestone for the first time (`milestones` > 0, default
+  `turns.milestones`) is a key turn; it closes a segment that starts after the previous
+  key turn. Within a segment closed by key turn κ, turn t gets the shaped reward
+  r_t = γ^(κ − t) (partial progress: 1 on the key turn, less the further before it); turns
+  after a trajectory's last key turn (no milestone reached) get 0. Segment credit: A^seg_t =
+  r_t − the mean of r over the turns of the same segment index j (the j-th segment of each
+  trajectory) across the group ("group by (prompt, segment), subtract the mean"); a segment
+  index only one turn of the group has gives 0. Episode credit A^E: GRPO over the group's
+  returns (`scale_by_std`). A_t = A^E + ω·A^seg_t on taken turns.
+  Readings (the abstract is silent): γ 0.9, ω 1, the mean over turns (not over segments),
+  no std division of A^seg. Outcome counterpart (tested): with no milestone anywhere, GRPO
+  on every turn. Returns float32 [..., G, K], 0 on untaken turns.
+  """
+  _check_unit("gamma", gamma)
+  if not omega >= 0:
+    raise ValueError(f"beacon omega must be >= 0; got {omega}.")
+  check_turn_shapes(turns)
+  milestones = turns.milestones if milestones is None else milestones
+  if milestones is None:
+    raise ValueError("beacon needs milestones [..., G, K] (the sub-goals each turn achieves "
+                     "first), as an argument or in turns.milestones.")
+  milestones = jnp.asarray(milestones)
+  if milestones.shape != jnp.shape(turns.turn_mask):
+    raise ValueError(f"milestones must have turn_mask's shape {jnp.shape(turns.turn_mask)}; "
+                     f"got {milestones.shape}.")
+  mask = jnp.asarray(turns.turn_mask, bool)
+  returns = episode_returns(turns.rewards, mask)
+  return _beacon(milestones > 0, mask, returns, jnp.float32(gamma), jnp.float32(omega),
+                 jnp.float32(eps), bool(scale_by_std))
+
+
+@functools.partial(jax.jit, static_argnums=(6,))
+def _beacon(key, mask, returns, gamma, omega, eps, scale_by_std):
+  def one(key, mask, returns):  # one group: [G, K], [G, K], [G]
+    g, k = mask.shape
+    key = key & mask
+    idx = jnp.arange(k)
+    # The closing key turn of each turn (k if none), and its segment index.
+    close = jax.lax.cummin(jnp.where(key, idx, k), axis=1, reverse=True)
+    seg = jnp.cumsum(key, axis=1) - key
+    shaped = jnp.where(close < k, gamma ** (close - idx).astype(jnp.float32), 0.0)
+    flat = lambda x: x.reshape(-1)
+    valid = flat(mask)
+    bucket = jnp.where(valid, flat(seg), k)
+    count = jax.ops.segment_sum(valid.astype(jnp.float32), bucket, num_segments=k + 1)
+    total = jax.ops.segment_sum(jnp.where(valid, flat(shaped), 0.0), bucket,
+                                num_segments=k + 1)
+    mean = total / jnp.maximum(count, 1.0)
+    a_seg = jnp.where(valid & (count[bucket] > 1), flat(shaped) - mean[bucket], 0.0)
+    a_ep = _grpo(returns, scale_by_std, eps)
+    return jnp.where(mask, a_ep[:, None] + omega * a_seg.reshape(g, k), 0.0)
+
+  return map_groups(one, mask.shape[:-2], key, mask, returns)
+
+
+beacon_tokens = _token_level(beacon)
+register("beacon", needs=("turns", "milestones"))(_from_rollouts("beacon", beacon_tokens))
