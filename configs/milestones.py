@@ -1,17 +1,23 @@
-"""Milestone and hierarchical turn credit (BEACON #28, issue 23) vs GRPO on household.
+"""Milestone, hierarchical and subproblem credit (issue 23) vs GRPO.
 
-    python -m experiments.milestones [--config.quick=True]
+    python -m experiments.milestones [--config.quick=True]                 # BEACON on household
+    python -m experiments.milestones --config=configs/milestones.py:steps  # SCRL on scratch_add
 
-`configs.agents.paper`: the agents' default budget (expert warm start, 30 RL steps x 16 start
-states x G = 8) for every method, 5 seeds, paired intervals at matched environment steps.
-The loop fills `Turns.milestones` from household's sub-goals (holding or placing the object,
-cleaning it when asked, solving).
+Default: BEACON (#28) on household, `configs.agents.paper`'s budget (expert warm start, 30 RL
+steps x 16 start states x G = 8), the loop filling `Turns.milestones` from household's
+sub-goals (holding or placing the object, cleaning it when asked, solving). `:steps`: SCRL
+(#76) on scratch_add's verifiable steps, `configs.tempo.family`'s budget. 5 seeds each,
+paired intervals against GRPO at matched environment steps / generated tokens.
 """
 
-from configs import agents
+from configs import agents, tempo
 
 
-def get_config():
+def get_config(arg: str = ''):
+  if arg == 'steps':
+    return tempo.family('scrl:iid')
+  if arg:
+    raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household) and steps')
   c = agents.paper('grpo:iid,beacon:iid')
   c.seeds = (0, 1, 2, 3, 4)
   return c

@@ -1,9 +1,11 @@
-"""Milestone and hierarchical turn credit for multi-turn agents (issue 23).
+"""Milestone, hierarchical and subproblem credit (issue 23's first family).
 
 `beacon(turns, ...) -> advantages [..., G, K]` reads `Turns.milestones` (the sub-goals each
 turn achieves for the first time; the loop fills them from the environment, household's
 `milestones`), and is registered, like `credit.agents`' estimators, as a token-level
-estimator reading `rollouts.turns` (`needs=('turns', 'milestones')`).
+estimator reading `rollouts.turns` (`needs=('turns', 'milestones')`). `scrl` normalises the
+verifiable reward of each subproblem (reasoning step) across the group and credits the
+step's own tokens with it (`needs=('token_rewards', 'step_ends')`, e.g. scratch_add).
 """
 
 import functools
@@ -13,6 +15,7 @@ import jax.numpy as jnp
 
 from credit.agents import _EPS, _check_unit, _grpo, _token_level, _validated, _from_rollouts
 from credit.registry import register
+from credit.rollouts import Rollouts
 from credit.turns import Turns, check_turn_shapes, episode_returns
 from trees.step_graph import map_groups
 
@@ -80,3 +83,45 @@ def _beacon(key, mask, returns, gamma, omega, eps, scale_by_std):
 
 beacon_tokens = _token_level(beacon)
 register("beacon", needs=("turns", "milestones"))(_from_rollouts("beacon", beacon_tokens))
+
+
+@register("scrl", needs=("token_rewards", "step_ends"))
+def scrl(rollouts: Rollouts, scale_by_std: bool = True, eps: float = _EPS):
+  """SCRL (#76): subproblem-level normalisation. Response i's tokens are cut into spans at
+  `rollouts.step_ends` (span j: the tokens after step end j − 1 through step end j; a
+  trailing span after the last step end), span j's verifiable reward r_{i,j} is the sum of
+  `rollouts.token_rewards` over it (scratch_add: 1/(D+1) at each valid step's end and at
+  the EOS of a right answer), and every token of span j gets
+  A_{i,j} = (r_{i,j} − mean_j)/(std_j + ε), mean and Bessel std over the group's responses
+  at the same position j (a response without span j counts r = 0 there; all-equal gives
+  0; a group of one: μ = 0, σ = 1). The final subproblem is the original problem (its
+  reward sits on the answer's span). Reading: no outcome term beyond the last span's own;
+  `scale_by_std=False` keeps r − mean. Returns float32 [..., G, L], 0 on masked tokens.
+  """
+  if rollouts.token_rewards is None or rollouts.step_ends is None:
+    raise ValueError("scrl needs rollouts.token_rewards and rollouts.step_ends (a "
+                     "chain-of-thought task's per-step rewards: scratch_add, countdown_steps).")
+  mask = jnp.asarray(rollouts.mask, bool)
+  ends = jnp.asarray(rollouts.step_ends, bool) & mask
+  tr = jnp.where(mask, jnp.asarray(rollouts.token_rewards, jnp.float32), 0.0)
+  span = jnp.cumsum(ends, -1) - ends  # step ends strictly before t
+  return _scrl(tr, span, mask, jnp.float32(eps), bool(scale_by_std))
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _scrl(tr, span, mask, eps, scale_by_std):
+  l = tr.shape[-1]
+
+  def one(tr, span, mask):  # one group [G, L]
+    g = tr.shape[0]
+    per = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=l))(tr, span)  # [G, L]
+    adv = _grpo_columns(per, scale_by_std, eps)  # GRPO down each span position
+    return jnp.where(mask, jnp.take_along_axis(adv, span, -1), 0.0)
+
+  return map_groups(one, mask.shape[:-2], tr, span, mask)
+
+
+def _grpo_columns(x, scale_by_std, eps):
+  """GRPO of each column of x [G, J] over its G rows (`_grpo`'s conventions)."""
+  return jax.vmap(lambda c: _grpo(c, scale_by_std, eps), in_axes=1, out_axes=1)(x)
+

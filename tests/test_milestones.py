@@ -9,6 +9,7 @@ import jax
 import credit
 from credit import milestones as ms
 from credit.turns import Turns, validate_turns
+from groups import groups
 from test_agent_credit import grpo_per_turn, ref_grpo
 from test_step_graph import turn_groups  # noqa: E402 (tests/ is on sys.path)
 
@@ -89,3 +90,61 @@ def test_household_reports_the_milestones_each_turn_achieves():
   adv = np.asarray(credit.get("beacon")(rollouts))
   assert adv.shape == ep.tokens.shape and np.all(np.isfinite(adv))
   assert np.all(adv[~np.asarray(ep.policy_mask)] == 0)
+
+
+def ref_scrl(tr, mask, ends, scale=True):
+  """Loops over one group [G, L]: span rewards by position, GRPO down each position."""
+  g, l = mask.shape
+  spans = [[sum(1 for u in range(t) if ends[i][u] and mask[i][u]) for t in range(l)]
+           for i in range(g)]
+  r = np.zeros((g, l + 1))
+  for i in range(g):
+    for t in range(l):
+      if mask[i][t]:
+        r[i][spans[i][t]] += tr[i][t]
+  out = np.zeros((g, l))
+  for j in range(l + 1):
+    col = list(r[:, j])
+    for i in range(g):
+      for t in range(l):
+        if mask[i][t] and spans[i][t] == j:
+          out[i][t] = (col[i] if g == 1 else ref_norm_col(col, i, scale))
+  return out
+
+
+def ref_norm_col(col, i, scale):
+  if max(col) == min(col):
+    return 0.0
+  mu, sd = np.mean(col), np.std(col, ddof=1)
+  return (col[i] - mu) / (sd + 1e-6) if scale else col[i] - mu
+
+
+@settings(max_examples=25, deadline=None)
+@given(groups(sizes=(1, 3, 6), lengths=(6,), batch=(2,)), st.integers(0, 2**31 - 1),
+       st.booleans())
+def test_scrl_matches_reference(group, seed, scale):
+  tokens, mask, rewards = group
+  rng = np.random.default_rng(seed)
+  ends = (rng.random(mask.shape) < 0.35) & mask
+  tr = np.where(ends, rng.integers(0, 3, mask.shape) / 2.0, 0.0).astype(np.float32)
+  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, token_rewards=tr,
+                      step_ends=ends)
+  got = np.asarray(credit.get("scrl")(r, scale_by_std=scale))
+  for b in range(2):
+    want = ref_scrl(tr[b], mask[b], ends[b], scale)
+    if mask.shape[1] == 1 and scale:
+      want = want / (1 + 1e-6)
+    np.testing.assert_allclose(got[b], want, rtol=2e-4, atol=2e-5)
+
+
+def test_scrl_with_one_span_and_the_outcome_at_the_end_is_grpo():
+  rng = np.random.default_rng(3)
+  mask = np.arange(6) < rng.integers(1, 7, (2, 5, 1))
+  rewards = rng.integers(0, 2, (2, 5)).astype(np.float32)
+  last = mask & ~np.concatenate([mask[..., 1:], np.zeros_like(mask[..., :1])], -1)
+  r = credit.Rollouts(tokens=np.zeros(mask.shape, np.int32), mask=mask, rewards=rewards,
+                      token_rewards=np.where(last, rewards[..., None], 0.0).astype(np.float32),
+                      step_ends=np.zeros(mask.shape, bool))
+  np.testing.assert_allclose(credit.get("scrl")(r), credit.get("grpo")(r), atol=1e-6)
+  with pytest.raises(ValueError, match="token_rewards"):
+    credit.get("scrl")(r.replace(token_rewards=None))
