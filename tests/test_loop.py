@@ -152,7 +152,8 @@ def test_unknown_command_line_field_names_the_valid_ones():
 
 PAPERS = {'spo': ('spo_tree', 'spo_chain'), 'treerl': ('treerl',), 'treepo': ('treepo',),
           'tree_grpo': ('tree_grpo',), 'qae': ('qae',), 'ngrpo': ('ngrpo',),
-          'passk': ('passk',), 'frpo': ('frpo',), 'ppo': ('ppo', 'tempo')}
+          'passk': ('passk',), 'frpo': ('frpo',), 'ppo': ('ppo', 'tempo'),
+          'milestones': ('beacon',)}
 
 
 @pytest.mark.parametrize('paper', sorted(PAPERS))
