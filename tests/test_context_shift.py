@@ -216,3 +216,5 @@ def test_prompt_logprobs_are_teacher_forced_with_padding_zeroed(tiny):
   scored = np.asarray(loop.prompt_scored(plen, 6))  # the loop's Rollouts.prompt_mask
   np.testing.assert_array_equal(
       scored, [[1 <= t < int(plen[i]) for t in range(6)] for i in range(3)])
+  np.testing.assert_array_equal(loop.prompt_scored(None, 6, 3),  # unpadded prompts
+                                np.broadcast_to(np.arange(6) >= 1, (3, 6)))

@@ -355,9 +355,12 @@ def prompt_logprobs(params, prompts, prompt_len=None, *, cfg):
   return jnp.where(jnp.arange(p)[None, :] < prompt_len[:, None], lp, 0.0)
 
 
-def prompt_scored(prompt_len, p: int):
-  """bool [B, P]: the prompt positions `prompt_logprobs` scores (1 <= t < prompt_len)."""
+def prompt_scored(prompt_len, p: int, num_prompts: int = 1):
+  """bool [B, P]: the prompt positions `prompt_logprobs` scores (1 <= t < prompt_len; every
+  t >= 1 of `num_prompts` rows when prompt_len is None: unpadded prompts)."""
   t = jnp.arange(p)[None, :]
+  if prompt_len is None:
+    return jnp.broadcast_to(t >= 1, (num_prompts, p))
   return (t >= 1) & (t < jnp.asarray(prompt_len)[:, None])
 
 
@@ -1033,7 +1036,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       extra = dict(entropy=entropy)
       if need_prompt_lp:
         extra['prompt_logprobs'] = prompt_logprobs(state.params, prompts, plen, cfg=pcfg)
-        extra['prompt_mask'] = prompt_scored(plen, prompts.shape[1])
+        extra['prompt_mask'] = prompt_scored(plen, prompts.shape[1], prompts.shape[0])
       if need_context:  # one teacher-forced pass with the prompt changed (flat rows)
         ctx_prompts, ctx_plen = context_prompts(problem, draw, prompts, plen)
         ctx = rows_logprobs(state.params, ctx_prompts, samples.tokens, samples.mask, ctx_plen,
