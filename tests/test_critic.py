@@ -191,3 +191,19 @@ def test_quick_ppo_run_trains_and_checkpoints_its_critic(tmp_path):
     warnings.simplefilter('error', RuntimeWarning)
     loop.train(cfg, str(tmp_path), init, method='ppo:iid', progress=False)
   assert len(loop.read_metrics(str(tmp_path / 'metrics.jsonl'))) == len(rows) + 1
+
+
+def test_critic_quality_script_runs(tmp_path):
+  """experiments/critic_quality.py end to end on a tiny budget: the nonparametric rows and a
+  critic row per budget, finite, written to its workdir."""
+  import json
+  from experiments import critic_quality
+  s = critic_quality.main(['--budgets', '512', '--seeds', '1', '--eval_prompts', '32',
+                           '--group_size', '4', '--workdir', str(tmp_path)])
+  assert set(s['nonparametric']) == set(critic_quality.NONPARAMETRIC)
+  assert list(s['critic']) == [512]
+  assert all(np.isfinite(m['corr'][0]) for m in s['nonparametric'].values())
+  assert np.isfinite(s['critic'][512]['corr'][0])
+  saved = json.load(open(tmp_path / 'critic_quality.json'))
+  assert saved['runs'][0]['critic']['512']['tokens'] > 0
+  assert (tmp_path / 'critic_quality.png').exists()
