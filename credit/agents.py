@@ -452,7 +452,8 @@ def cast(turns: Turns, signal: str = "steps", outcome: str = "grpo", alpha: floa
     d = jnp.arcsinh(d)
   if normalize == "batch_rms":
     rms = jnp.sqrt(jnp.sum(d * d) / jnp.maximum(jnp.sum(mask), 1))
-    d = jnp.where(rms > 0, d / jnp.where(rms > 0, rms, 1.0), 0.0)
+    # All zero: 0. A NaN (only under jit, unvalidated) stays NaN: `rms == 0` is False.
+    d = jnp.where(rms == 0, 0.0, d / jnp.where(rms == 0, 1.0, rms))
   adv = alpha * d
   if outcome == "grpo":
     returns = episode_returns(turns.rewards, mask)

@@ -8,6 +8,7 @@ pass when an estimator needs it.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from credit.outcome import grpo_per_response
 from credit.registry import register
@@ -38,6 +39,12 @@ def taura(rollouts: Rollouts, w_min: float = 0.5, w_max: float = 2.0, eps: float
     raise ValueError("taura needs rollouts.entropy (per-token policy entropy; the loop "
                      "computes it when the estimator needs ('entropy',)).")
   validate_turns(turns, rollouts)
+  if not isinstance(rollouts.entropy, jax.core.Tracer):
+    bad = ~np.isfinite(np.asarray(rollouts.entropy, np.float32)) & np.asarray(
+        (np.asarray(turns.token_turn) >= 0) & np.asarray(rollouts.mask, bool))
+    if bad.any():
+      raise ValueError(f"taura: rollouts.entropy is not finite at "
+                       f"{list(int(i) for i in np.argwhere(bad)[0])} (an action token).")
   k = turns.num_turns
   token_turn = jnp.asarray(turns.token_turn, jnp.int32)
   on = (token_turn >= 0) & jnp.asarray(rollouts.mask, bool)
@@ -47,7 +54,9 @@ def taura(rollouts: Rollouts, w_min: float = 0.5, w_max: float = 2.0, eps: float
   h = jnp.sum(onehot * ent[..., None], -2) / jnp.maximum(count, 1.0)
   has = count > 0
   h_bar = jnp.sum(jnp.where(has, h, 0.0), -1) / jnp.maximum(jnp.sum(has, -1), 1)
-  w = jnp.where(h_bar[..., None] > eps, h / jnp.where(h_bar > eps, h_bar, 1.0)[..., None], 1.0)
+  # H̄ <= eps: weights 1. A NaN entropy (only under jit) stays NaN: `NaN <= eps` is False.
+  low = (h_bar <= eps)[..., None]
+  w = jnp.where(low, 1.0, h / jnp.where(low, 1.0, h_bar[..., None]))
   w = jnp.clip(w, w_min, w_max)
   per_token = jnp.take_along_axis(w, jnp.clip(token_turn, 0, k - 1), -1)
   adv = grpo_per_response(jnp.asarray(rollouts.rewards, jnp.float32), eps=eps)

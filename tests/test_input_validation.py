@@ -16,12 +16,15 @@ from test_step_graph import turn_groups  # noqa: E402 (tests/ is on sys.path)
 
 B, G, K = 2, 4, 3  # one shape: each estimator compiles once under jit
 NAMES = tuple(agents.AGENT_ESTIMATORS)
-READS_REWARDS = tuple(n for n in NAMES if n != "cast")  # cast reads values_star only
+READS_REWARDS = NAMES  # cast too: its outcome term (GRPO of the returns)
 JITTED = {name: jax.jit(fn) for name, fn in agents.AGENT_ESTIMATORS.items()}
+# CAST's value-difference form reads values_star one trajectory at a time.
+CAST_VALUES = jax.jit(lambda t: agents.cast(t, **agents.CAST_VALUE_DIFFERENCE))
 
 
 def make_turns(seed=0, lengths=((3, 2, 1, 0), (3, 3, 2, 1))):
-  """Turns [B, G, K] with ragged lengths, dense rewards, values_star and answer_logprobs."""
+  """Turns [B, G, K] with ragged lengths, dense rewards, values_star, solver_steps and
+  answer_logprobs."""
   rng = np.random.default_rng(seed)
   mask = np.arange(K) < np.asarray(lengths)[..., None]
   ids = rng.integers(0, 3, (B, G, K + 1)).astype(np.int32)
@@ -33,7 +36,8 @@ def make_turns(seed=0, lengths=((3, 2, 1, 0), (3, 3, 2, 1))):
   token_turn = np.where(token_turn < np.asarray(lengths)[..., None], token_turn, -1)
   return Turns(state_ids=ids, rewards=rewards, turn_mask=mask, token_turn=token_turn.astype(
       np.int32), success=rng.random((B, G)) < 0.5, values_star=values,
-               answer_logprobs=logprobs)
+               answer_logprobs=logprobs,
+               solver_steps=rng.integers(0, 4, (B, G, K + 1)).astype(np.float32))
 
 
 def rollouts_of(turns):
@@ -88,7 +92,8 @@ def test_every_turn_estimator_refuses_malformed_turns(name):
     cases += [(with_value(turns, "rewards", (1, 2, 1), np.nan), "rewards must be finite"),
               (with_value(turns, "rewards", (1, 2, 1), -np.inf), "rewards must be finite")]
   if name == "cast":
-    cases.append((with_value(turns, "values_star", (1, 2, 1), np.nan), "values_star"))
+    cases += [(with_value(turns, "values_star", (1, 2, 1), np.nan), "values_star"),
+              (with_value(turns, "solver_steps", (1, 2, 1), np.inf), "solver_steps")]
   if name == "igpo":
     cases.append((with_value(turns, "answer_logprobs", (1, 2, 1), np.nan), "answer_logprobs"))
   for label, call in entry_points(name).items():
@@ -99,11 +104,15 @@ def test_every_turn_estimator_refuses_malformed_turns(name):
 
 
 def test_state_values_given_as_arguments_are_validated():
-  turns = make_turns().replace(values_star=None, answer_logprobs=None)
+  turns = make_turns().replace(values_star=None, answer_logprobs=None, solver_steps=None)
   values = np.array(make_turns().values_star)
   values[1, 0, 2] = np.nan
   with pytest.raises(ValueError, match=r"values_star\[1, 0, 2\]"):
-    agents.cast(turns, values_star=values)
+    agents.cast(turns, values_star=values, **agents.CAST_VALUE_DIFFERENCE)
+  steps = np.array(make_turns().solver_steps)
+  steps[0, 1, 1] = np.nan
+  with pytest.raises(ValueError, match=r"solver_steps\[0, 1, 1\]"):
+    agents.cast(turns, solver_steps=steps)
   logprobs = np.array(make_turns().answer_logprobs)
   logprobs[1, 0, 1] = np.inf
   with pytest.raises(ValueError, match=r"answer_logprobs\[1, 0, 1\]"):
@@ -131,7 +140,8 @@ def test_non_finite_reward_raises_and_is_never_zero_under_jit(group, seed, bad):
   rng = np.random.default_rng(seed)
   b, g, k = (int(i) for i in np.argwhere(mask)[rng.integers(0, mask.sum())])
   clean = Turns(state_ids=ids, rewards=rewards, turn_mask=mask, success=success,
-                answer_logprobs=np.log(rng.uniform(0.05, 1.0, ids.shape)).astype(np.float32))
+                answer_logprobs=np.log(rng.uniform(0.05, 1.0, ids.shape)).astype(np.float32),
+                solver_steps=rng.integers(0, 4, ids.shape).astype(np.float32))
   dirty = with_value(clean, "rewards", (b, g, k), bad)
   for name in READS_REWARDS:
     with pytest.raises(ValueError, match="rewards must be finite"):
@@ -144,7 +154,8 @@ def test_non_finite_reward_raises_and_is_never_zero_under_jit(group, seed, bad):
 @settings(max_examples=12, deadline=None)
 @given(turn_groups(shapes=((G, K),), batch=(B,)), st.integers(0, 2**31 - 1))
 def test_nan_state_values_raise_and_are_never_zero_under_jit(group, seed):
-  """NaN in values_star (cast) or answer_logprobs (igpo) on a state the estimator reads."""
+  """NaN in values_star (cast's value-difference form), solver_steps (its recipe) or
+  answer_logprobs (igpo) on a state the estimator reads."""
   ids, rewards, mask, success = group
   rng = np.random.default_rng(seed)
   n = mask.sum(-1)
@@ -160,10 +171,19 @@ def test_nan_state_values_raise_and_are_never_zero_under_jit(group, seed):
     b, g, j = (int(i) for i in np.argwhere(reads)[rng.integers(0, reads.sum())])
     dirty = with_value(clean, field, (b, g, j), np.nan)
     with pytest.raises(ValueError, match=field):
-      agents.AGENT_ESTIMATORS[name](dirty)
-    out, ref = np.asarray(JITTED[name](dirty)), np.asarray(JITTED[name](clean))
+      (agents.AGENT_ESTIMATORS[name] if name != "cast" else CAST_VALUES.__wrapped__)(dirty)
+    fn = JITTED[name] if name != "cast" else CAST_VALUES
+    out, ref = np.asarray(fn(dirty)), np.asarray(fn(clean))
     assert np.isnan(out[b, g]).any(), (name, j, out[b, g])
     np.testing.assert_array_equal(out[1 - b], ref[1 - b], err_msg=name)
+  # CAST's recipe normalises its step term over the whole batch: a NaN step count it reads
+  # makes the batch NaN under jit, never zeros.
+  reads = (np.arange(K + 1) <= n[..., None]) & (n[..., None] >= 1)
+  if reads.any():
+    b, g, j = (int(i) for i in np.argwhere(reads)[rng.integers(0, reads.sum())])
+    steps = clean.replace(solver_steps=rng.integers(0, 4, ids.shape).astype(np.float32))
+    out = np.asarray(JITTED["cast"](with_value(steps, "solver_steps", (b, g, j), np.nan)))
+    assert np.isnan(out[b, g][mask[b, g]]).all(), out[b, g]
 
 
 def test_validate_checks_rollouts_turns():

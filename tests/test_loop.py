@@ -115,7 +115,7 @@ def test_config_errors_list_valid_choices():
   with pytest.raises(ValueError, match='unknown credit estimator.*grpo.*tempo'):
     loop.check_config(bad)
   with pytest.raises(ValueError, match='valid names'):
-    loop.parse_methods('tempo:iid,ppo:iid')
+    loop.parse_methods('tempo:iid,nope:iid')
   with pytest.raises(ValueError, match='unknown sampler.*tree_entropy'):
     loop.parse_methods('tempo:beam')
   # 'credit:sampler[:policy loss]': the loss part sets loss.policy_loss for that method only.

@@ -1,6 +1,7 @@
 """TAURA (credit.turn_weighting, issue 23) against a plain-Python reference and its outcome
 counterpart (equal turn entropies: GRPO)."""
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -68,3 +69,11 @@ def test_equal_turn_entropies_give_grpo_and_inputs_are_checked():
     credit.get("taura")(r.replace(entropy=None))
   with pytest.raises(ValueError, match="w_min"):
     credit.get("taura")(r, w_min=1.5)
+  ent = np.array(r.entropy)
+  t = int(np.argwhere(np.asarray(r.turns.token_turn)[0] >= 0)[0, 0])
+  ent[0, t] = np.nan
+  with pytest.raises(ValueError, match="entropy is not finite"):
+    credit.get("taura")(r.replace(entropy=ent))
+  out = np.asarray(jax.jit(credit.get("taura"))(r.replace(entropy=ent)))
+  assert np.isnan(out[0, t]), out[0]  # under jit: NaN, never a finite number
+
