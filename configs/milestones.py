@@ -6,7 +6,8 @@
 Default: BEACON (#28) on household, `configs.agents.paper`'s budget (expert warm start, 30 RL
 steps x 16 start states x G = 8), the loop filling `Turns.milestones` from household's
 sub-goals (holding or placing the object, cleaning it when asked, solving). `:steps`: SCRL
-(#76) on scratch_add's verifiable steps, `configs.tempo.family`'s budget. 5 seeds each,
+(#76) and blockwise advantages with an outcome-conditioned baseline (#50) on scratch_add's
+verifiable steps, `configs.tempo.family`'s budget. 5 seeds each,
 paired intervals against GRPO at matched environment steps / generated tokens.
 """
 
@@ -15,7 +16,7 @@ from configs import agents, tempo
 
 def get_config(arg: str = ''):
   if arg == 'steps':
-    return tempo.family('scrl:iid')
+    return tempo.family('scrl:iid,blockwise:iid')
   if arg:
     raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household) and steps')
   c = agents.paper('grpo:iid,beacon:iid')

@@ -5,7 +5,9 @@ turn achieves for the first time; the loop fills them from the environment, hous
 `milestones`), and is registered, like `credit.agents`' estimators, as a token-level
 estimator reading `rollouts.turns` (`needs=('turns', 'milestones')`). `scrl` normalises the
 verifiable reward of each subproblem (reasoning step) across the group and credits the
-step's own tokens with it (`needs=('token_rewards', 'step_ends')`, e.g. scratch_add).
+step's own tokens with it; `blockwise` baselines each block's reward within the responses
+whose earlier blocks went the same way (`needs=('token_rewards', 'step_ends')` for both,
+e.g. scratch_add).
 """
 
 import functools
@@ -98,13 +100,7 @@ def scrl(rollouts: Rollouts, scale_by_std: bool = True, eps: float = _EPS):
   reward sits on the answer's span). Reading: no outcome term beyond the last span's own;
   `scale_by_std=False` keeps r − mean. Returns float32 [..., G, L], 0 on masked tokens.
   """
-  if rollouts.token_rewards is None or rollouts.step_ends is None:
-    raise ValueError("scrl needs rollouts.token_rewards and rollouts.step_ends (a "
-                     "chain-of-thought task's per-step rewards: scratch_add, countdown_steps).")
-  mask = jnp.asarray(rollouts.mask, bool)
-  ends = jnp.asarray(rollouts.step_ends, bool) & mask
-  tr = jnp.where(mask, jnp.asarray(rollouts.token_rewards, jnp.float32), 0.0)
-  span = jnp.cumsum(ends, -1) - ends  # step ends strictly before t
+  tr, span, mask = _spans(rollouts, "scrl")
   return _scrl(tr, span, mask, jnp.float32(eps), bool(scale_by_std))
 
 
@@ -124,4 +120,59 @@ def _scrl(tr, span, mask, eps, scale_by_std):
 def _grpo_columns(x, scale_by_std, eps):
   """GRPO of each column of x [G, J] over its G rows (`_grpo`'s conventions)."""
   return jax.vmap(lambda c: _grpo(c, scale_by_std, eps), in_axes=1, out_axes=1)(x)
+
+
+def _spans(rollouts: Rollouts, who: str):
+  """(token rewards, span index of each token, mask) [..., G, L]: spans cut at step ends."""
+  if rollouts.token_rewards is None or rollouts.step_ends is None:
+    raise ValueError(f"{who} needs rollouts.token_rewards and rollouts.step_ends (a "
+                     f"chain-of-thought task's per-step rewards: scratch_add, countdown_steps).")
+  mask = jnp.asarray(rollouts.mask, bool)
+  ends = jnp.asarray(rollouts.step_ends, bool) & mask
+  tr = jnp.where(mask, jnp.asarray(rollouts.token_rewards, jnp.float32), 0.0)
+  return tr, jnp.cumsum(ends, -1) - ends, mask
+
+
+@register("blockwise", needs=("token_rewards", "step_ends"))
+def blockwise(rollouts: Rollouts, scale_by_std: bool = False, eps: float = _EPS):
+  """Blockwise advantages with an outcome-conditioned baseline (#50, OCB). Blocks are the
+  spans cut at `rollouts.step_ends` (as `scrl`), block j's reward r_{i,j} the sum of
+  `rollouts.token_rewards` over it, and its intermediate outcome c_{i,j} whether every
+  earlier block of response i was rewarded (r > 0; True for j = 0). Block j's tokens get
+  A_{i,j} = r_{i,j} − the mean of r_{·,j} over the group's responses with the same c_{·,j}
+  (a stratum of one, or all equal: 0; `scale_by_std` divides by the stratum's Bessel std
+  + ε): a later block is compared only with blocks that started from an equally good
+  prefix, instead of nested rollouts. Readings (the abstract does not fix them): the
+  prefix-derived outcome is the all-earlier-blocks-rewarded flag; each block's objective is
+  its own step reward, the answer's block the outcome. Returns float32 [..., G, L].
+  """
+  tr, span, mask = _spans(rollouts, "blockwise")
+  return _blockwise(tr, span, mask, jnp.float32(eps), bool(scale_by_std))
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _blockwise(tr, span, mask, eps, scale_by_std):
+  l = tr.shape[-1]
+
+  def one(tr, span, mask):  # one group [G, L]
+    per = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=l))(tr, span)  # [G, J]
+    ok = jnp.cumprod(per > 0, axis=1)
+    prefix = jnp.concatenate([jnp.ones_like(ok[:, :1]), ok[:, :-1]], axis=1) > 0  # [G, J]
+    def column(r, c):  # one block position: baseline within each stratum of c
+      adv = jnp.zeros_like(r)
+      for value in (False, True):
+        w = (c == value).astype(jnp.float32)
+        n = jnp.sum(w)
+        mean = jnp.sum(w * r) / jnp.maximum(n, 1.0)
+        dev = r - mean
+        std = jnp.sqrt(jnp.sum(w * dev ** 2) / jnp.maximum(n - 1.0, 1.0))
+        spread = jnp.max(jnp.where(w > 0, r, -jnp.inf)) - jnp.min(jnp.where(w > 0, r, jnp.inf))
+        a = dev / (std + eps) if scale_by_std else dev
+        a = jnp.where((n > 1) & ~(spread <= 0), a, jnp.where(jnp.isnan(spread), jnp.nan, 0.0))
+        adv = jnp.where(w > 0, a, adv)
+      return adv
+    adv = jax.vmap(column, in_axes=1, out_axes=1)(per, prefix)
+    return jnp.where(mask, jnp.take_along_axis(adv, span, -1), 0.0)
+
+  return map_groups(one, mask.shape[:-2], tr, span, mask)
 

@@ -148,3 +148,63 @@ def test_scrl_with_one_span_and_the_outcome_at_the_end_is_grpo():
   np.testing.assert_allclose(credit.get("scrl")(r), credit.get("grpo")(r), atol=1e-6)
   with pytest.raises(ValueError, match="token_rewards"):
     credit.get("scrl")(r.replace(token_rewards=None))
+
+
+def ref_blockwise(tr, mask, ends, scale=False):
+  """Loops over one group [G, L]: block rewards, the all-earlier-blocks-rewarded stratum,
+  the block reward minus its stratum's mean (0 for a stratum of one or all equal)."""
+  g, l = mask.shape
+  spans = [[sum(1 for u in range(t) if ends[i][u] and mask[i][u]) for t in range(l)]
+           for i in range(g)]
+  r = np.zeros((g, l))
+  for i in range(g):
+    for t in range(l):
+      if mask[i][t]:
+        r[i][spans[i][t]] += tr[i][t]
+  ok = [[all(r[i][u] > 0 for u in range(j)) for j in range(l)] for i in range(g)]
+  out = np.zeros((g, l))
+  for i in range(g):
+    for t in range(l):
+      if not mask[i][t]:
+        continue
+      j = spans[i][t]
+      same = [r[u][j] for u in range(g) if ok[u][j] == ok[i][j]]
+      if len(same) < 2 or max(same) == min(same):
+        continue
+      dev = r[i][j] - np.mean(same)
+      out[i][t] = dev / (np.std(same, ddof=1) + 1e-6) if scale else dev
+  return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(groups(sizes=(1, 3, 6), lengths=(6,), batch=(2,)), st.integers(0, 2**31 - 1),
+       st.booleans())
+def test_blockwise_matches_reference(group, seed, scale):
+  tokens, mask, rewards = group
+  rng = np.random.default_rng(seed)
+  ends = (rng.random(mask.shape) < 0.35) & mask
+  tr = np.where(ends, rng.integers(0, 3, mask.shape) / 2.0, 0.0).astype(np.float32)
+  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, token_rewards=tr,
+                      step_ends=ends)
+  got = np.asarray(credit.get("blockwise")(r, scale_by_std=scale))
+  for b in range(2):
+    np.testing.assert_allclose(got[b], ref_blockwise(tr[b], mask[b], ends[b], scale),
+                               rtol=2e-4, atol=2e-5)
+
+
+def test_blockwise_with_every_prefix_rewarded_is_scrl_without_scaling():
+  """One stratum per block (every earlier block rewarded everywhere): the baseline is the
+  block's group mean, SCRL's with scale_by_std=False (groups of more than one)."""
+  rng = np.random.default_rng(4)
+  g, l = 5, 6
+  mask = np.ones((g, l), bool)
+  ends = np.zeros((g, l), bool)
+  ends[:, [1, 3]] = True
+  tr = np.zeros((g, l), np.float32)
+  tr[:, 1] = 0.5
+  tr[:, 3] = 0.5
+  tr[:, 5] = rng.integers(0, 2, g)  # the answer block's outcome differs
+  r = credit.Rollouts(tokens=np.zeros((g, l), np.int32), mask=mask,
+                      rewards=np.zeros(g, np.float32), token_rewards=tr, step_ends=ends)
+  np.testing.assert_allclose(credit.get("blockwise")(r),
+                             credit.get("scrl")(r, scale_by_std=False), atol=1e-6)
