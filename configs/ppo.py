@@ -3,7 +3,7 @@ whitened over the batch (`credit` estimator `ppo`), and verl's clipped value los
 (`cliprange_value` 0.5), against GRPO and TEMPO on the same budget.
 
     python -m experiments.ppo                                     # scratch_add, the main job's budget
-    python -m experiments.ppo --config=configs/ppo.py:household   # household, the agents' budget
+    python -m experiments.ppo --config=configs/ppo.py:household   # household (ppo_turns), the agents' budget
 
 The critic (experiments/training/critic.py) is a copy of the warm-start policy with a zero
 value head, its own Adam (lr `critic.lr`), updated once per RL step on TD(λ) returns; its
@@ -22,8 +22,8 @@ METHODS = 'grpo:iid,ppo:iid,tempo:iid'
 
 
 def get_config(arg: str = ''):
-  if arg == 'household':
-    c = agents.paper(METHODS)
+  if arg == 'household':  # the critic's values at turn boundaries (`ppo_turns`)
+    c = agents.paper('grpo:iid,ppo_turns:iid,tempo:iid')
   elif arg:
     raise ValueError(f'configs/ppo.py:{arg}: valid variants are "" (scratch_add) and household')
   else:

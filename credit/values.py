@@ -4,17 +4,21 @@
 reward of the responses through s: at a tree sampler's fork points, an average over the
 K continuations sampled there) and credits each token, or each reasoning step, with
 V̂(s_{t+1}) − V̂(s_t), VinePPO's advantage with its Monte Carlo values taken from the
-existing samplers' forks instead of extra rollouts. The learned critic that fills
-`Rollouts.values` for `gae` / `ppo` is `experiments/training/critic.py`.
+existing samplers' forks instead of extra rollouts. `ppo_turns` is PPO's GAE for
+multi-turn agents with the critic's values taken at turn boundaries. The learned critic
+that fills `Rollouts.values` for `gae` / `ppo` / `ppo_turns` is
+`experiments/training/critic.py`.
 """
 
 import jax
 import jax.numpy as jnp
 
 import trees
-from credit.groups import group_stats
+from credit.groups import group_stats, masked_whiten
 from credit.registry import register
+from credit.returns import gae_advantages
 from credit.rollouts import Rollouts, tree_of
+from credit.turns import turn_to_tokens, validate_turns
 
 GRANULARITIES = ("token", "step")
 
@@ -70,3 +74,39 @@ def mc_values(rollouts: Rollouts, granularity: str = "token", scale_by_std: bool
   if scale_by_std:
     adv = adv / (group_stats(rewards)[1] + eps)[..., None]
   return jnp.where(tree.mask, adv, 0.0)
+
+
+@register("ppo_turns", needs=("turns", "values"))
+def ppo_turns(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True,
+              eps: float = 1e-8):
+  """PPO's GAE at turn level for multi-turn agents (issue 24: values at turn boundaries).
+
+  V(s_k) is the critic's value before turn k's first action token (`rollouts.values` read
+  where `turns.token_turn` first equals k: the state after observation k), 0 after the last
+  turn; δ_k = r_k + γ·V(s_{k+1}) − V(s_k) with the environment's turn rewards
+  (`turns.rewards`), A_k = GAE(γ, λ) over the taken turns, whitened over every taken turn
+  of the batch (`whiten`, as verl's `ppo`), and spread over the turn's action tokens. With
+  one turn per trajectory it is `ppo` on a response whose reward is its return. Returns
+  float32 [..., G, L], 0 off the action tokens.
+  """
+  turns = rollouts.turns
+  if turns is None or turns.token_turn is None:
+    raise ValueError("ppo_turns needs rollouts.turns with token_turn (multi-turn trajectories).")
+  if rollouts.values is None:
+    raise ValueError("ppo_turns needs rollouts.values (the critic's per-token values).")
+  validate_turns(turns, rollouts)
+  k = turns.num_turns
+  token_turn = jnp.asarray(turns.token_turn, jnp.int32)
+  l = token_turn.shape[-1]
+  first = jnp.min(jnp.where(token_turn[..., None, :] == jnp.arange(k)[:, None],
+                            jnp.arange(l), l), axis=-1)  # [..., G, K]: first token of turn k
+  mask = jnp.asarray(turns.turn_mask, bool)
+  values = jnp.asarray(rollouts.values, jnp.float32)
+  v = jnp.where(mask & (first < l),
+                jnp.take_along_axis(values, jnp.minimum(first, l - 1), -1), 0.0)
+  rewards = jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0)
+  adv = gae_advantages(rewards, v, mask, gamma, lam)
+  if whiten:
+    adv = masked_whiten(adv, mask, eps)
+  return jnp.where(token_turn >= 0, turn_to_tokens(adv, token_turn), 0.0)
+

@@ -340,14 +340,14 @@ def quick_agents_cfg(methods):
 
 def test_quick_agents_comparison_end_to_end(tmp_path, capsys):
   # cast and igpo need the solver values and answer probes the loop adds; tree_grpo the forks;
-  # ppo the learned critic's values over whole trajectories; beacon household's milestones;
+  # ppo_turns the learned critic's values at turn boundaries; beacon household's milestones;
   # taura the teacher-forced entropies of the actions.
-  cfg = quick_agents_cfg('grpo:iid,cast:iid,igpo:iid,tree_grpo:tree_turns,ppo:iid,beacon:iid,'
-                         'taura:iid')
+  cfg = quick_agents_cfg('grpo:iid,cast:iid,igpo:iid,tree_grpo:tree_turns,ppo_turns:iid,'
+                         'beacon:iid,taura:iid')
   summary = compare.run_experiment(cfg, str(tmp_path))
   out = capsys.readouterr().out
   assert 'environment steps' in out and 'igpo:iid' in out
-  for method in ('grpo:iid', 'cast:iid', 'igpo:iid', 'tree_grpo:tree_turns', 'ppo:iid',
+  for method in ('grpo:iid', 'cast:iid', 'igpo:iid', 'tree_grpo:tree_turns', 'ppo_turns:iid',
                  'beacon:iid', 'taura:iid'):
     rows = loop.read_metrics(os.path.join(compare.run_dir(str(tmp_path), method, 0),
                                           'metrics.jsonl'))
@@ -364,12 +364,12 @@ def test_quick_agents_comparison_end_to_end(tmp_path, capsys):
         assert 0 < r['generated_tokens'] < trained
       assert 0.0 <= r['success'] <= 1.0 and np.isfinite(r['loss'])
     assert 'greedy_acc' in rows[-1] and 'eval_return' in rows[-1]
-    assert all(('critic/vf_loss' in r) == (method == 'ppo:iid') for r in train)
+    assert all(('critic/vf_loss' in r) == (method == 'ppo_turns:iid') for r in train)
     assert all(np.isfinite(r.get('critic/vf_loss', 0.0)) for r in train)
   s = json.load(open(tmp_path / 'summary.json'))
   assert np.isfinite(s['matched_tokens']['budget_env_steps'])
   assert set(s['paired']['by_method']) == {'cast:iid', 'igpo:iid', 'tree_grpo:tree_turns',
-                                           'ppo:iid', 'beacon:iid', 'taura:iid'}
+                                           'ppo_turns:iid', 'beacon:iid', 'taura:iid'}
   # Forks copy their chain's first turns: fewer generated tokens than i.i.d. rollouts.
   assert (s['methods']['tree_grpo:tree_turns'][0]['generated_tokens_total']
           < s['methods']['grpo:iid'][0]['generated_tokens_total'])

@@ -81,3 +81,37 @@ def test_step_needs_step_ends_and_options_are_checked():
   np.testing.assert_allclose(np.asarray(scaled),
                              np.asarray(credit.get("mc_values")(r)) / (np.std([1, 0], ddof=1)
                                                                        + 1e-6), rtol=1e-5)
+
+
+def test_ppo_turns_matches_a_loop_reference():
+  """GAE over turns from the critic's value before each turn's first action token, whitened
+  over the batch's taken turns, spread over the action tokens."""
+  from test_turn_weighting import make
+  rng = np.random.default_rng(0)
+  for seed in range(5):
+    r = make(seed)
+    g, l = r.mask.shape
+    values = rng.normal(size=(g, l)).astype(np.float32)
+    r = r.replace(values=values, turns=r.turns.replace(
+        rewards=np.where(r.turns.turn_mask, rng.normal(size=r.turns.turn_mask.shape),
+                         0.0).astype(np.float32)))
+    gamma, lam = 0.9, 0.8
+    got = np.asarray(credit.get("ppo_turns")(r, gamma=gamma, lam=lam))
+    tt, tm, rw = (np.asarray(x) for x in (r.turns.token_turn, r.turns.turn_mask, r.turns.rewards))
+    raw = {}
+    for i in range(g):
+      n = int(tm[i].sum())
+      v = [float(values[i][list(tt[i]).index(k)]) for k in range(n)] + [0.0]
+      acc = 0.0
+      for k in reversed(range(n)):
+        delta = rw[i][k] + gamma * v[k + 1] - v[k]
+        acc = delta + gamma * lam * acc
+        raw[i, k] = acc
+    xs = np.array(list(raw.values()))
+    for i in range(g):
+      for t in range(l):
+        k = tt[i][t]
+        want = 0.0 if k < 0 else (raw[i, k] - xs.mean()) / (xs.std() + 1e-8)
+        assert got[i, t] == pytest.approx(want, abs=1e-4), (seed, i, t)
+  with pytest.raises(ValueError, match="values"):
+    credit.get("ppo_turns")(r.replace(values=None))
