@@ -309,13 +309,11 @@ def test_process_rewards_reach_pure_through_the_loop(tmp_path):
   # identical correct responses: equal credit, 0 at the first token (G_0 = its baseline)
   np.testing.assert_allclose(with_steps[1, 0], with_steps[1, 1])
   np.testing.assert_allclose(with_steps[1, :, 0], 0.0, atol=1e-6)
-  # SCRL and blockwise read the same process rewards: the wrong first sum costs row 1 of
-  # group 0 its first step's credit (and, for blockwise, sets the stratum of later steps).
+  # SCRL and blockwise read the same process rewards through the same jitted credit step
+  # the loop runs: the wrong first sum costs row 1 of group 0 its first step's credit.
   for name in ('scrl', 'blockwise'):
     adv, _ = loop.credit_fn(name, '{}', False)(*args, tr, ends)
     assert np.all(np.asarray(adv)[0, 1][np.asarray(mask)[0, 1]][:2] < 0), name
-  for method in ('pure:iid', 'scrl:iid', 'blockwise:iid'):
-    loop.train(cfg, str(tmp_path / method.replace(':', '_')), init_params(cfg), method=method)
-    rows = loop.read_metrics(tmp_path / method.replace(':', '_') / 'metrics.jsonl')
-    assert [r['step'] for r in rows] == [0, 1, 2]
-    assert all(np.isfinite(r['loss']) for r in rows[1:]), method
+  loop.train(cfg, str(tmp_path / 'ok'), init_params(cfg), method='pure:iid')
+  rows = loop.read_metrics(tmp_path / 'ok' / 'metrics.jsonl')
+  assert [r['step'] for r in rows] == [0, 1, 2] and all(np.isfinite(r['loss']) for r in rows[1:])
