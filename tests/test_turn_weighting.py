@@ -72,8 +72,30 @@ def test_equal_turn_entropies_give_grpo_and_inputs_are_checked():
   ent = np.array(r.entropy)
   t = int(np.argwhere(np.asarray(r.turns.token_turn)[0] >= 0)[0, 0])
   ent[0, t] = np.nan
-  with pytest.raises(ValueError, match="entropy is not finite"):
+  with pytest.raises(ValueError, match="rollouts.entropy is not finite"):
     credit.get("taura")(r.replace(entropy=ent))
   out = np.asarray(jax.jit(credit.get("taura"))(r.replace(entropy=ent)))
   assert np.isnan(out[0, t]), out[0]  # under jit: NaN, never a finite number
+
+
+def ref_copo_turns(r, w_min, w_max):
+  """TAURA's reference with the turn confidence exp(mean log-prob) in place of entropy."""
+  conf = np.zeros(r.mask.shape)
+  for i in range(G):
+    for k in {int(k) for k in r.turns.token_turn[i] if k >= 0}:
+      ts = [t for t in range(r.mask.shape[1]) if r.turns.token_turn[i][t] == k]
+      conf[i, ts] = np.exp(np.mean([r.logprobs[i][t] for t in ts]))
+  return ref_taura(r.replace(entropy=conf.astype(np.float32)), w_min, w_max)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_copo_turns_matches_reference(seed):
+  r = make(seed)
+  r = r.replace(logprobs=-np.random.default_rng(seed).exponential(1.0, r.mask.shape).astype(
+      np.float32))
+  np.testing.assert_allclose(credit.get("copo_turns")(r), ref_copo_turns(r, 0.5, 2.0),
+                             rtol=1e-4, atol=1e-5)
+  same = r.replace(logprobs=np.full(r.mask.shape, -0.3, np.float32))
+  np.testing.assert_allclose(credit.get("copo_turns")(same), credit.get("grpo")(same), atol=1e-6)
 
