@@ -75,3 +75,20 @@ def test_quick_lm_experiment(tmp_path):
       assert all(math.isfinite(r[k]) for k in ('loss', 'grad_norm', 'approx_kl', 'entropy'))
       assert 0 < r['response_len'] <= cfg.lm.max_new_tokens
   json.loads((tmp_path / 'summary.json').read_text())
+
+
+@pytest.mark.slow  # ~3 minutes: 2 RL steps of SmolLM2 with PPO's critic (a second SmolLM2)
+def test_quick_lm_ppo_trains_its_critic(tmp_path):
+  """PPO end to end on SmolLM2 (issue 24): the critic (a copy of the policy with a value
+  head) gives values to `ppo` and is updated every step."""
+  cfg = quick_cfg()
+  cfg.quick = False
+  cfg.methods = 'ppo:iid'
+  compare.run_experiment(cfg, str(tmp_path))
+  rows = loop.read_metrics(tmp_path / 'ppo_iid' / 'seed0' / 'metrics.jsonl')
+  train = [r for r in rows if 'reward' in r]
+  assert [r['step'] for r in train] == [1, 2]
+  for r in train:
+    assert all(math.isfinite(r[k]) for k in ('loss', 'critic/vf_loss', 'critic/grad_norm'))
+    assert r['critic_s'] > 0
+
