@@ -194,6 +194,13 @@ def test_fingerprint_ignores_the_sampler_fields_a_run_does_not_read():
   assert fp(a, 'grpo:tree_fixed') != fp(b, 'grpo:tree_fixed')
   assert fp(a, 'grpo:iid') != fp(a, 'tempo:iid')
   assert loop.fingerprint(loop.run_config(a, 0))[0] != loop.fingerprint(loop.run_config(a, 1))[0]
+  # configs/ppo.py's critic section is part of a PPO run's config only.
+  from configs import ppo
+  p = ppo.get_config()
+  assert fp(p, 'grpo:iid') == fp(a, 'grpo:iid') and fp(p, 'tempo:iid') == fp(a, 'tempo:iid')
+  q = ppo.get_config()
+  q.critic.lr = 1e-3
+  assert fp(p, 'ppo:iid') != fp(q, 'ppo:iid')
 
 
 def test_quick_comparison_reports_matched_tokens_and_paired_intervals(tmp_path):

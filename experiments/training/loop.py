@@ -212,13 +212,17 @@ def group_size(scfg) -> int:
 
 
 def run_config(cfg, run_seed: int):
-  """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped."""
+  """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped, and
+  the `critic` section dropped when the estimator reads no values (so GRPO runs of
+  configs/ppo.py share their workdir with every other script's)."""
   out = cfg.copy_and_resolve_references()
   out.rl.seed = run_seed
   used = SAMPLER_COMMON + SAMPLER_FIELDS[cfg.sampler.name]
   with out.unlocked():
     for field in [f for f in out.sampler.keys() if f not in used]:
       del out.sampler[field]
+    if 'critic' in out and 'values' not in credit.needs(cfg.credit.name):
+      del out['critic']
   return out
 
 
