@@ -170,8 +170,8 @@ def test_quick_ppo_run_trains_and_checkpoints_its_critic(tmp_path):
   assert all(r['critic_s'] > 0 for r in rows)
   pcfg = loop.build_problem(cfg).pcfg
   o, mesh = cfg.optimizer, ts.make_mesh(1)
-  template, _, gamma_lam = loop.make_critic(loop.with_method(cfg, 'ppo:iid'), init, pcfg, 0,
-                                            mesh)
+  template, _, gamma_lam = critic_lib.from_config(loop.with_method(cfg, 'ppo:iid'), init,
+                                                  pcfg, 0, mesh)
   assert gamma_lam == (1.0, 1.0)  # the ppo estimator's γ and λ
   state = ts.init_state(init, ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay,
                                                 o.grad_clip, o.b1, o.b2))

@@ -16,13 +16,15 @@ optimizer and `TrainState` (`init_state`), is placed on the mesh like the policy
   targets(rewards, values, mask, token_rewards, gamma, lam): TD(λ) returns
       G^λ_t = A^GAE_t + V_t (the regression targets; verl's `returns`).
 
-Everything runs on flat rows [N = B·G, L] (no tree packing for the critic). Costs: one
+`from_config` and `update_on_samples` are the loop's two calls. Everything runs on flat
+rows [N = B·G, L] (no tree packing for the critic). Costs: one
 teacher-forced forward for the values and epochs x (forward + backward) for the update,
 per RL step; none of it when no estimator needs values (`credit.needs(name)`).
 """
 
 import dataclasses
 import functools
+import inspect
 from typing import Optional
 
 import jax
@@ -166,3 +168,54 @@ def group_values(params, prompts, tokens, prompt_len=None, *, cfg):
   rep = lambda x: None if x is None else jnp.repeat(x, g, axis=0)
   v = values(params, cfg, rep(prompts), tokens.reshape(b * g, l), rep(prompt_len))
   return v.reshape(b, g, l)
+
+
+# ----------------------------------------------------------------------------
+# In the loop (experiments/training/loop.py).
+
+# The optional `critic` config section (configs/ppo.py); a config without it uses defaults.
+CONFIG_FIELDS = ('lr', 'warmup_steps', 'cliprange_value', 'agg', 'epochs', 'minibatches',
+                 'microbatches')
+
+
+def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
+  """(critic TrainState on the mesh, `CriticConfig`, (γ, λ) of its targets) for an
+  estimator that reads values. `cfg.critic` (optional; configs/ppo.py sets it): lr
+  (default the policy's), warmup_steps, cliprange_value (verl's 0.5), agg, epochs,
+  minibatches, micro-batches (default the policy's). The targets' γ and λ are the
+  estimator's (`gae`: its `gamma`, `lam`), as verl's returns = A^GAE + V."""
+  c = cfg.get('critic') or {}
+  get = lambda k, d: c.get(k, d) if hasattr(c, 'get') else d
+  o = cfg.optimizer
+  ccfg = CriticConfig(
+      cliprange_value=float(get('cliprange_value', 0.5)), agg=get('agg', 'token-mean'),
+      num_epochs=int(get('epochs', cfg.loss.num_epochs)),
+      num_minibatches=int(get('minibatches', cfg.loss.num_minibatches)),
+      num_microbatches=int(get('microbatches', cfg.loss.num_microbatches)))
+  tx = ts.make_optimizer(float(get('lr', o.lr)), int(get('warmup_steps', o.warmup_steps)),
+                         o.weight_decay, o.grad_clip, o.b1, o.b2)
+  state = ts.shard_state(init_state(init_params, pcfg, tx, seed=run_seed + 1), mesh)
+  sig = inspect.signature(credit.get(cfg.credit.name)).parameters
+  hp = cfg.credit.hparams
+  pick = lambda k, d: float(hp[k]) if k in hp else (
+      float(sig[k].default) if k in sig and sig[k].default is not inspect.Parameter.empty else d)
+  return state, ccfg, (pick('gamma', 1.0), pick('lam', 1.0))
+
+
+def update_on_samples(critic_state, prompts, plen, samples, values, rewards, token_rewards,
+                      policy_mask, mesh, *, pcfg, ccfg, gamma_lam):
+  """One critic update on this step's rollouts: TD(λ) targets from `values` (the critic's
+  before the update, also the clipping anchor), on the trained tokens. Returns (state,
+  {'critic/vf_loss', 'critic/vf_clipfrac', 'critic/vpred_mean', 'critic/grad_norm'})."""
+  b, g, l = samples.tokens.shape
+  returns = targets(rewards, values, samples.mask, token_rewards, *gamma_lam)
+  mask = samples.mask if policy_mask is None else samples.mask & policy_mask
+  flat = lambda x: x.reshape(b * g, l)
+  batch = CriticBatch(prompts=jnp.repeat(prompts, g, axis=0),
+                                 tokens=flat(samples.tokens), mask=flat(mask),
+                                 old_values=flat(values), returns=flat(returns),
+                                 prompt_len=None if plen is None else jnp.repeat(plen, g, 0))
+  if (b * g) % ts.row_shards(mesh) == 0:
+    batch = ts.shard_batch(batch, mesh)
+  critic_state, m = critic_step_jit(critic_state, batch, cfg=pcfg, ccfg=ccfg)
+  return critic_state, {f'critic/{k}': float(v) for k, v in m.items()}

@@ -40,7 +40,6 @@ import contextlib
 import errno
 import functools
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -93,11 +92,6 @@ SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
 # Config checks and builders.
 
 
-# The optional `critic` section (`make_critic`): a config without it has no critic fields.
-CRITIC_FIELDS = ('lr', 'warmup_steps', 'cliprange_value', 'agg', 'epochs', 'minibatches',
-                 'microbatches')
-
-
 def check_config(cfg, reference=None, prefix=''):
   """Raises ValueError for a field missing from the reference config, listing valid fields.
 
@@ -110,10 +104,10 @@ def check_config(cfg, reference=None, prefix=''):
   for key in cfg.keys():
     path = prefix + key
     if path == 'critic' and key not in reference:  # an optional section (configs/ppo.py)
-      bad = sorted(set(cfg.critic.keys()) - set(CRITIC_FIELDS))
+      bad = sorted(set(cfg.critic.keys()) - set(critic_lib.CONFIG_FIELDS))
       if bad:
         raise ValueError(f'unknown config field critic.{bad[0]}; valid fields of critic: '
-                         f'{", ".join(CRITIC_FIELDS)}')
+                         f'{", ".join(critic_lib.CONFIG_FIELDS)}')
       continue
     if key not in reference:
       raise ValueError(f'unknown config field {path!r}; valid fields'
@@ -462,49 +456,6 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
     return adv, keep, credit.update_state(name, credit_state, rollouts, **hp)
 
   return fn
-
-
-def make_critic(cfg, init_params, pcfg, run_seed: int, mesh):
-  """(critic TrainState on the mesh, `critic.CriticConfig`, (γ, λ) of its targets) for an
-  estimator that reads values. `cfg.critic` (optional; configs/ppo.py sets it): lr
-  (default the policy's), warmup_steps, cliprange_value (verl's 0.5), agg, epochs,
-  minibatches, micro-batches (default the policy's). The targets' γ and λ are the
-  estimator's (`gae`: its `gamma`, `lam`), as verl's returns = A^GAE + V."""
-  c = cfg.get('critic') or {}
-  get = lambda k, d: c.get(k, d) if hasattr(c, 'get') else d
-  o = cfg.optimizer
-  ccfg = critic_lib.CriticConfig(
-      cliprange_value=float(get('cliprange_value', 0.5)), agg=get('agg', 'token-mean'),
-      num_epochs=int(get('epochs', cfg.loss.num_epochs)),
-      num_minibatches=int(get('minibatches', cfg.loss.num_minibatches)),
-      num_microbatches=int(get('microbatches', cfg.loss.num_microbatches)))
-  tx = ts.make_optimizer(float(get('lr', o.lr)), int(get('warmup_steps', o.warmup_steps)),
-                         o.weight_decay, o.grad_clip, o.b1, o.b2)
-  state = ts.shard_state(critic_lib.init_state(init_params, pcfg, tx, seed=run_seed + 1), mesh)
-  sig = inspect.signature(credit.get(cfg.credit.name)).parameters
-  hp = cfg.credit.hparams
-  pick = lambda k, d: float(hp[k]) if k in hp else (
-      float(sig[k].default) if k in sig and sig[k].default is not inspect.Parameter.empty else d)
-  return state, ccfg, (pick('gamma', 1.0), pick('lam', 1.0))
-
-
-def critic_update(critic_state, prompts, plen, samples, values, rewards, token_rewards,
-                  policy_mask, mesh, *, pcfg, ccfg, gamma_lam):
-  """One critic update on this step's rollouts: TD(λ) targets from `values` (the critic's
-  before the update, also the clipping anchor), on the trained tokens. Returns (state,
-  {'critic/vf_loss', 'critic/vf_clipfrac', 'critic/vpred_mean', 'critic/grad_norm'})."""
-  b, g, l = samples.tokens.shape
-  returns = critic_lib.targets(rewards, values, samples.mask, token_rewards, *gamma_lam)
-  mask = samples.mask if policy_mask is None else samples.mask & policy_mask
-  flat = lambda x: x.reshape(b * g, l)
-  batch = critic_lib.CriticBatch(prompts=jnp.repeat(prompts, g, axis=0),
-                                 tokens=flat(samples.tokens), mask=flat(mask),
-                                 old_values=flat(values), returns=flat(returns),
-                                 prompt_len=None if plen is None else jnp.repeat(plen, g, 0))
-  if (b * g) % ts.row_shards(mesh) == 0:
-    batch = ts.shard_batch(batch, mesh)
-  critic_state, m = critic_lib.critic_step_jit(critic_state, batch, cfg=pcfg, ccfg=ccfg)
-  return critic_state, {f'critic/{k}': float(v) for k, v in m.items()}
 
 
 def state_metrics(credit_state) -> dict:
@@ -936,8 +887,9 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                   if stateful else None)
   # A learned critic (PPO's GAE), only when the estimator reads values: its own train state.
   need_values = 'values' in needs
-  critic_state, ccfg, critic_gl = (make_critic(cfg, init_params, pcfg, run_seed, mesh)
-                                   if need_values else (None, None, None))
+  critic_state, ccfg, critic_gl = (
+      critic_lib.from_config(cfg, init_params, pcfg, run_seed, mesh)
+      if need_values else (None, None, None))
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   watchdog.register_checkpoints(os.path.join(workdir, 'checkpoints'))  # named if a peer dies
   if need_values:
@@ -1087,9 +1039,9 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       # `state` is now the state after this step (the old one was donated)
       if need_values:  # regression on TD(λ) returns (verl: returns = A^GAE + V)
         tc = time.perf_counter()
-        critic_state, cm = critic_update(critic_state, prompts, plen, samples, extra['values'],
-                                         train_rewards, process[0], policy_mask, mesh,
-                                         pcfg=pcfg, ccfg=ccfg, gamma_lam=critic_gl)
+        critic_state, cm = critic_lib.update_on_samples(
+            critic_state, prompts, plen, samples, extra['values'], train_rewards, process[0],
+            policy_mask, mesh, pcfg=pcfg, ccfg=ccfg, gamma_lam=critic_gl)
         m.update(cm)
         critic_s += time.perf_counter() - tc
       step, credit_state = i + 1, (next_credit_state if stateful else None)
