@@ -101,24 +101,26 @@ def scrl(rollouts: Rollouts, scale_by_std: bool = True, eps: float = _EPS):
   `scale_by_std=False` keeps r − mean. Returns float32 [..., G, L], 0 on masked tokens.
   """
   tr, span, mask = _spans(rollouts, "scrl")
-  return _scrl(tr, span, mask, jnp.float32(eps), bool(scale_by_std))
+  return _by_span(tr, span, mask, (_grpo_columns, bool(scale_by_std), float(eps)))
 
 
-@functools.partial(jax.jit, static_argnums=(4,))
-def _scrl(tr, span, mask, eps, scale_by_std):
+@functools.partial(jax.jit, static_argnums=(3,))
+def _by_span(tr, span, mask, span_adv):
+  """Each group's span rewards per [G, J] (J = L positions), `fn(per, *args)` -> [G, J]
+  given back on every token of its span; 0 on masked tokens. span_adv = (fn, *args), static
+  and hashed by value (one compile per estimator and options)."""
   l = tr.shape[-1]
+  fn, *args = span_adv
 
   def one(tr, span, mask):  # one group [G, L]
-    g = tr.shape[0]
-    per = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=l))(tr, span)  # [G, L]
-    adv = _grpo_columns(per, scale_by_std, eps)  # GRPO down each span position
-    return jnp.where(mask, jnp.take_along_axis(adv, span, -1), 0.0)
+    per = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=l))(tr, span)
+    return jnp.where(mask, jnp.take_along_axis(fn(per, *args), span, -1), 0.0)
 
   return map_groups(one, mask.shape[:-2], tr, span, mask)
 
 
 def _grpo_columns(x, scale_by_std, eps):
-  """GRPO of each column of x [G, J] over its G rows (`_grpo`'s conventions)."""
+  """GRPO of each column of x [G, J] over its G rows (`_grpo`'s conventions): SCRL."""
   return jax.vmap(lambda c: _grpo(c, scale_by_std, eps), in_axes=1, out_axes=1)(x)
 
 
@@ -147,32 +149,27 @@ def blockwise(rollouts: Rollouts, scale_by_std: bool = False, eps: float = _EPS)
   its own step reward, the answer's block the outcome. Returns float32 [..., G, L].
   """
   tr, span, mask = _spans(rollouts, "blockwise")
-  return _blockwise(tr, span, mask, jnp.float32(eps), bool(scale_by_std))
+  return _by_span(tr, span, mask, (_ocb_columns, bool(scale_by_std), float(eps)))
 
 
-@functools.partial(jax.jit, static_argnums=(4,))
-def _blockwise(tr, span, mask, eps, scale_by_std):
-  l = tr.shape[-1]
+def _ocb_columns(per, scale_by_std, eps):
+  """Blockwise's baseline on one group's block rewards per [G, J]: within each column, the
+  mean (and std) over the rows with the same all-earlier-blocks-rewarded flag."""
+  ok = jnp.cumprod(per > 0, axis=1)
+  prefix = jnp.concatenate([jnp.ones_like(ok[:, :1]), ok[:, :-1]], axis=1) > 0  # [G, J]
 
-  def one(tr, span, mask):  # one group [G, L]
-    per = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=l))(tr, span)  # [G, J]
-    ok = jnp.cumprod(per > 0, axis=1)
-    prefix = jnp.concatenate([jnp.ones_like(ok[:, :1]), ok[:, :-1]], axis=1) > 0  # [G, J]
-    def column(r, c):  # one block position: baseline within each stratum of c
-      adv = jnp.zeros_like(r)
-      for value in (False, True):
-        w = (c == value).astype(jnp.float32)
-        n = jnp.sum(w)
-        mean = jnp.sum(w * r) / jnp.maximum(n, 1.0)
-        dev = r - mean
-        std = jnp.sqrt(jnp.sum(w * dev ** 2) / jnp.maximum(n - 1.0, 1.0))
-        spread = jnp.max(jnp.where(w > 0, r, -jnp.inf)) - jnp.min(jnp.where(w > 0, r, jnp.inf))
-        a = dev / (std + eps) if scale_by_std else dev
-        a = jnp.where((n > 1) & ~(spread <= 0), a, jnp.where(jnp.isnan(spread), jnp.nan, 0.0))
-        adv = jnp.where(w > 0, a, adv)
-      return adv
-    adv = jax.vmap(column, in_axes=1, out_axes=1)(per, prefix)
-    return jnp.where(mask, jnp.take_along_axis(adv, span, -1), 0.0)
+  def column(r, c):  # one block position: baseline within each stratum of c
+    adv = jnp.zeros_like(r)
+    for value in (False, True):
+      w = (c == value).astype(jnp.float32)
+      n = jnp.sum(w)
+      dev = r - jnp.sum(w * r) / jnp.maximum(n, 1.0)
+      std = jnp.sqrt(jnp.sum(w * dev ** 2) / jnp.maximum(n - 1.0, 1.0))
+      spread = jnp.max(jnp.where(w > 0, r, -jnp.inf)) - jnp.min(jnp.where(w > 0, r, jnp.inf))
+      a = dev / (std + eps) if scale_by_std else dev
+      # A stratum of one or of equal rewards: 0; a NaN (only under jit) stays NaN.
+      a = jnp.where((n > 1) & ~(spread <= 0), a, jnp.where(jnp.isnan(spread), jnp.nan, 0.0))
+      adv = jnp.where(w > 0, a, adv)
+    return adv
 
-  return map_groups(one, mask.shape[:-2], tr, span, mask)
-
+  return jax.vmap(column, in_axes=1, out_axes=1)(per, prefix)

@@ -92,8 +92,8 @@ def test_household_reports_the_milestones_each_turn_achieves():
   assert np.all(adv[~np.asarray(ep.policy_mask)] == 0)
 
 
-def ref_scrl(tr, mask, ends, scale=True):
-  """Loops over one group [G, L]: span rewards by position, GRPO down each position."""
+def ref_span_rewards(tr, mask, ends):
+  """(span of each token [G][L], span rewards r [G, L + 1]) of one group, by loops."""
   g, l = mask.shape
   spans = [[sum(1 for u in range(t) if ends[i][u] and mask[i][u]) for t in range(l)]
            for i in range(g)]
@@ -102,6 +102,23 @@ def ref_scrl(tr, mask, ends, scale=True):
     for t in range(l):
       if mask[i][t]:
         r[i][spans[i][t]] += tr[i][t]
+  return spans, r
+
+
+def process_group(group, seed):
+  """Rollouts with random step ends and per-step rewards on a `groups` draw."""
+  tokens, mask, rewards = group
+  rng = np.random.default_rng(seed)
+  ends = (rng.random(mask.shape) < 0.35) & mask
+  tr = np.where(ends, rng.integers(0, 3, mask.shape) / 2.0, 0.0).astype(np.float32)
+  return credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, token_rewards=tr,
+                         step_ends=ends)
+
+
+def ref_scrl(tr, mask, ends, scale=True):
+  """Loops over one group [G, L]: span rewards by position, GRPO down each position."""
+  g, l = mask.shape
+  spans, r = ref_span_rewards(tr, mask, ends)
   out = np.zeros((g, l))
   for j in range(l + 1):
     col = list(r[:, j])
@@ -117,24 +134,6 @@ def ref_norm_col(col, i, scale):
     return 0.0
   mu, sd = np.mean(col), np.std(col, ddof=1)
   return (col[i] - mu) / (sd + 1e-6) if scale else col[i] - mu
-
-
-@settings(max_examples=25, deadline=None)
-@given(groups(sizes=(1, 3, 6), lengths=(6,), batch=(2,)), st.integers(0, 2**31 - 1),
-       st.booleans())
-def test_scrl_matches_reference(group, seed, scale):
-  tokens, mask, rewards = group
-  rng = np.random.default_rng(seed)
-  ends = (rng.random(mask.shape) < 0.35) & mask
-  tr = np.where(ends, rng.integers(0, 3, mask.shape) / 2.0, 0.0).astype(np.float32)
-  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, token_rewards=tr,
-                      step_ends=ends)
-  got = np.asarray(credit.get("scrl")(r, scale_by_std=scale))
-  for b in range(2):
-    want = ref_scrl(tr[b], mask[b], ends[b], scale)
-    if mask.shape[1] == 1 and scale:
-      want = want / (1 + 1e-6)
-    np.testing.assert_allclose(got[b], want, rtol=2e-4, atol=2e-5)
 
 
 def test_scrl_with_one_span_and_the_outcome_at_the_end_is_grpo():
@@ -154,13 +153,7 @@ def ref_blockwise(tr, mask, ends, scale=False):
   """Loops over one group [G, L]: block rewards, the all-earlier-blocks-rewarded stratum,
   the block reward minus its stratum's mean (0 for a stratum of one or all equal)."""
   g, l = mask.shape
-  spans = [[sum(1 for u in range(t) if ends[i][u] and mask[i][u]) for t in range(l)]
-           for i in range(g)]
-  r = np.zeros((g, l))
-  for i in range(g):
-    for t in range(l):
-      if mask[i][t]:
-        r[i][spans[i][t]] += tr[i][t]
+  spans, r = ref_span_rewards(tr, mask, ends)
   ok = [[all(r[i][u] > 0 for u in range(j)) for j in range(l)] for i in range(g)]
   out = np.zeros((g, l))
   for i in range(g):
@@ -176,20 +169,22 @@ def ref_blockwise(tr, mask, ends, scale=False):
   return out
 
 
+@pytest.mark.parametrize("name", ["scrl", "blockwise"])
 @settings(max_examples=25, deadline=None)
-@given(groups(sizes=(1, 3, 6), lengths=(6,), batch=(2,)), st.integers(0, 2**31 - 1),
-       st.booleans())
-def test_blockwise_matches_reference(group, seed, scale):
-  tokens, mask, rewards = group
-  rng = np.random.default_rng(seed)
-  ends = (rng.random(mask.shape) < 0.35) & mask
-  tr = np.where(ends, rng.integers(0, 3, mask.shape) / 2.0, 0.0).astype(np.float32)
-  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, token_rewards=tr,
-                      step_ends=ends)
-  got = np.asarray(credit.get("blockwise")(r, scale_by_std=scale))
+@given(group=groups(sizes=(1, 3, 6), lengths=(6,), batch=(2,)), seed=st.integers(0, 2**31 - 1),
+       scale=st.booleans())
+def test_step_credit_matches_reference(name, group, seed, scale):
+  r = process_group(group, seed)
+  mask, tr, ends = r.mask, r.token_rewards, r.step_ends
+  got = np.asarray(credit.get(name)(r, scale_by_std=scale))
   for b in range(2):
-    np.testing.assert_allclose(got[b], ref_blockwise(tr[b], mask[b], ends[b], scale),
-                               rtol=2e-4, atol=2e-5)
+    if name == "scrl":
+      want = ref_scrl(tr[b], mask[b], ends[b], scale)
+      if mask.shape[1] == 1 and scale:  # GRPO's group of one: R / (1 + ε)
+        want = want / (1 + 1e-6)
+    else:
+      want = ref_blockwise(tr[b], mask[b], ends[b], scale)
+    np.testing.assert_allclose(got[b], want, rtol=2e-4, atol=2e-5)
 
 
 def test_blockwise_with_every_prefix_rewarded_is_scrl_without_scaling():
