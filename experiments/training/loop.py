@@ -447,8 +447,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
                                step_ends=step_ends, policy_mask=policy_mask, turns=turns,
                                entropy=entropy, prompt_logprobs=prompt_logprobs,
-                               prompt_mask=prompt_mask, context_logprobs=context_logprobs, saliency=saliency,
-                               credit_state=credit_state, values=values)
+                               prompt_mask=prompt_mask, context_logprobs=context_logprobs,
+                               saliency=saliency, credit_state=credit_state, values=values)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:
@@ -596,9 +596,9 @@ def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, credit_st
                     critic=None):
   """Saves `step` (orbax writes a temporary directory and renames it when complete, so a
   save cut short leaves the previous checkpoints intact), with `credit_state` (a stateful
-  estimator's state after that step) and `critic` (the critic's `TrainState`) when given. A failed write (e.g. a full disk)
-  raises an error (OSError for an OS error, same errno; else RuntimeError) naming the
-  checkpoint and the newest intact one a rerun resumes from."""
+  estimator's state after that step) and `critic` (the critic's `TrainState`) when given.
+  A failed write (e.g. a full disk) raises an error (OSError for an OS error, same errno;
+  else RuntimeError) naming the checkpoint and the newest intact one a rerun resumes from."""
   tree = ts.to_global(_state_tree(state, credit_state, critic))  # multi-process: global only
   try:
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
@@ -1035,16 +1035,19 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                     plen, packed)
       if (b if packed is not None else batch.tokens.shape[0]) % n_dev == 0:
         batch = ts.shard_batch(batch, mesh)
-      state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
-      # `state` is now the state after this step (the old one was donated)
+      next_critic, cm = critic_state, {}
       if need_values:  # regression on TD(λ) returns (verl: returns = A^GAE + V)
         tc = time.perf_counter()
-        critic_state, cm = critic_lib.update_on_samples(
+        next_critic, cm = critic_lib.update_on_samples(
             critic_state, prompts, plen, samples, extra['values'], train_rewards, process[0],
             policy_mask, mesh, pcfg=pcfg, ccfg=ccfg, gamma_lam=critic_gl)
-        m.update(cm)
         critic_s += time.perf_counter() - tc
-      step, credit_state = i + 1, (next_credit_state if stateful else None)
+      state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
+      # `state` is now the state after this step (the old one was donated); the credit and
+      # critic states after it are committed with it, in one statement.
+      step, credit_state, critic_state = (i + 1, next_credit_state if stateful else None,
+                                          next_critic)
+      m.update(cm)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                      interrupted=True)
       m = {k_: float(v) for k_, v in m.items()}
