@@ -17,9 +17,9 @@ optimizer and `TrainState` (`init_state`), is placed on the mesh like the policy
       G^λ_t = A^GAE_t + V_t (the regression targets; verl's `returns`).
 
 `from_config` and `update_on_samples` are the loop's two calls. Everything runs on flat
-rows [N = B·G, L] (no tree packing for the critic). Costs: one
-teacher-forced forward for the values and epochs x (forward + backward) for the update,
-per RL step; none of it when no estimator needs values (`credit.needs(name)`).
+rows [N = B·G, L] (no tree packing for the critic). Costs: one teacher-forced forward for
+the values and epochs x (forward + backward) for the update, per RL step; none of it when
+no estimator needs values (`credit.needs(name)`).
 """
 
 import dataclasses
@@ -211,10 +211,9 @@ def update_on_samples(critic_state, prompts, plen, samples, values, rewards, tok
   returns = targets(rewards, values, samples.mask, token_rewards, *gamma_lam)
   mask = samples.mask if policy_mask is None else samples.mask & policy_mask
   flat = lambda x: x.reshape(b * g, l)
-  batch = CriticBatch(prompts=jnp.repeat(prompts, g, axis=0),
-                                 tokens=flat(samples.tokens), mask=flat(mask),
-                                 old_values=flat(values), returns=flat(returns),
-                                 prompt_len=None if plen is None else jnp.repeat(plen, g, 0))
+  batch = CriticBatch(prompts=jnp.repeat(prompts, g, axis=0), tokens=flat(samples.tokens),
+                      mask=flat(mask), old_values=flat(values), returns=flat(returns),
+                      prompt_len=None if plen is None else jnp.repeat(plen, g, 0))
   if (b * g) % ts.row_shards(mesh) == 0:
     batch = ts.shard_batch(batch, mesh)
   critic_state, m = critic_step_jit(critic_state, batch, cfg=pcfg, ccfg=ccfg)
