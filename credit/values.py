@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import trees
 from credit.groups import group_stats, masked_whiten
 from credit.registry import register
-from credit.returns import gae_advantages
+from credit.returns import gae_advantages, reverse_linear_scan
 from credit.rollouts import Rollouts, tree_of
 from credit.turns import turn_to_tokens, validate_turns
 
@@ -89,11 +89,20 @@ def ppo_turns(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0, whiten: 
   one turn per trajectory it is `ppo` on a response whose reward is its return. Returns
   float32 [..., G, L], 0 off the action tokens.
   """
+  adv, _, token_turn, mask = _turn_gae(rollouts, "ppo_turns", gamma, lam)
+  if whiten:
+    adv = masked_whiten(adv, mask, eps)
+  return jnp.where(token_turn >= 0, turn_to_tokens(adv, token_turn), 0.0)
+
+
+def _turn_gae(rollouts: Rollouts, who: str, gamma: float, lam: float):
+  """(turn advantages [..., G, K], turn values V(s_k) [..., G, K], token_turn, turn mask):
+  GAE over turns from the critic's value before each turn's first action token."""
   turns = rollouts.turns
   if turns is None or turns.token_turn is None:
-    raise ValueError("ppo_turns needs rollouts.turns with token_turn (multi-turn trajectories).")
+    raise ValueError(f"{who} needs rollouts.turns with token_turn (multi-turn trajectories).")
   if rollouts.values is None:
-    raise ValueError("ppo_turns needs rollouts.values (the critic's per-token values).")
+    raise ValueError(f"{who} needs rollouts.values (the critic's per-token values).")
   validate_turns(turns, rollouts)
   k = turns.num_turns
   token_turn = jnp.asarray(turns.token_turn, jnp.int32)
@@ -105,8 +114,36 @@ def ppo_turns(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0, whiten: 
   v = jnp.where(mask & (first < l),
                 jnp.take_along_axis(values, jnp.minimum(first, l - 1), -1), 0.0)
   rewards = jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0)
-  adv = gae_advantages(rewards, v, mask, gamma, lam)
+  return gae_advantages(rewards, v, mask, gamma, lam), v, token_turn, mask
+
+
+@register("bilevel_gae", needs=("turns", "values"))
+def bilevel_gae(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0,
+                token_gamma: float = 1.0, token_lam: float = 1.0, whiten: bool = True,
+                eps: float = 1e-8):
+  """Bi-Level GAE (#44, VAGEN), our reading: GAE first over turns (as `ppo_turns`, γ, λ),
+  then over each turn's action tokens with the critic's per-token values, the turn's
+  return target G_k = A_k + V(s_k) as the reward on its last action token and nothing
+  after it (token_γ, token_λ). With token_γ = token_λ = 1 a token's advantage is
+  G_k − V(its state): the turn's credit, less what the critic already expected at that
+  token. Whitened over the batch's action tokens (`whiten`). Returns float32 [..., G, L],
+  0 off the action tokens.
+  """
+  adv_turn, v_turn, token_turn, mask = _turn_gae(rollouts, "bilevel_gae", gamma, lam)
+  on = token_turn >= 0
+  ret = turn_to_tokens(adv_turn + v_turn, token_turn)  # G_k on every token of turn k
+  nxt = jnp.concatenate([token_turn[..., 1:], jnp.full_like(token_turn[..., :1], -1)], -1)
+  last = on & (nxt != token_turn)  # the turn's last action token
+  # Token-level GAE within turns: the chain is cut where a turn ends (done at its last
+  # token, so V after it is 0) and observation tokens are skipped (mask off).
+  values = jnp.where(on, jnp.asarray(rollouts.values, jnp.float32), 0.0)
+  rewards = jnp.where(last, ret, 0.0)
+  next_v = jnp.where(last, 0.0, jnp.concatenate([values[..., 1:], jnp.zeros_like(
+      values[..., :1])], -1))
+  delta = jnp.where(on, rewards + token_gamma * next_v - values, 0.0)
+  carry = jnp.where(on & ~last, token_gamma * token_lam, 0.0)
+  adv = reverse_linear_scan(delta, carry)
   if whiten:
-    adv = masked_whiten(adv, mask, eps)
-  return jnp.where(token_turn >= 0, turn_to_tokens(adv, token_turn), 0.0)
+    adv = masked_whiten(adv, on, eps)
+  return jnp.where(on, adv, 0.0)
 

@@ -115,3 +115,45 @@ def test_ppo_turns_matches_a_loop_reference():
         assert got[i, t] == pytest.approx(want, abs=1e-4), (seed, i, t)
   with pytest.raises(ValueError, match="values"):
     credit.get("ppo_turns")(r.replace(values=None))
+
+
+def test_bilevel_gae_matches_a_loop_reference():
+  """Turn-level GAE, then token-level GAE inside each turn seeded with the turn's return
+  target G_k = A_k + V(s_k) on its last action token; at token γ = λ = 1, G_k − V(token)."""
+  from test_turn_weighting import make
+  rng = np.random.default_rng(1)
+  for seed in range(4):
+    r = make(seed)
+    g, l = r.mask.shape
+    values = rng.normal(size=(g, l)).astype(np.float32)
+    r = r.replace(values=values, turns=r.turns.replace(
+        rewards=np.where(r.turns.turn_mask, rng.normal(size=r.turns.turn_mask.shape),
+                         0.0).astype(np.float32)))
+    gamma, lam, tg, tl = 0.9, 0.8, 0.95, 0.7
+    got = np.asarray(credit.get("bilevel_gae")(r, gamma=gamma, lam=lam, token_gamma=tg,
+                                               token_lam=tl, whiten=False))
+    tt, tm, rw = (np.asarray(x) for x in (r.turns.token_turn, r.turns.turn_mask, r.turns.rewards))
+    want = np.zeros((g, l))
+    for i in range(g):
+      n = int(tm[i].sum())
+      toks = {k: [t for t in range(l) if tt[i][t] == k] for k in range(n)}
+      v = [float(values[i][toks[k][0]]) for k in range(n)] + [0.0]
+      acc, turn_adv = 0.0, {}
+      for k in reversed(range(n)):
+        acc = rw[i][k] + gamma * v[k + 1] - v[k] + gamma * lam * acc
+        turn_adv[k] = acc
+      for k in range(n):
+        target, a = turn_adv[k] + v[k], 0.0
+        for j, t in reversed(list(enumerate(toks[k]))):
+          last = j == len(toks[k]) - 1
+          nv = 0.0 if last else float(values[i][toks[k][j + 1]])
+          delta = (target if last else 0.0) + tg * nv - float(values[i][t])
+          a = delta + (0.0 if last else tg * tl * a)
+          want[i, t] = a
+    np.testing.assert_allclose(got, want, atol=1e-4)
+  # token γ = λ = 1: each action token gets G_k − V(token), whitened over action tokens.
+  one = np.asarray(credit.get("bilevel_gae")(r, gamma=gamma, lam=lam, whiten=False))
+  i, k = 0, 0
+  toks = [t for t in range(l) if tt[i][t] == k]
+  np.testing.assert_allclose(one[i, toks], one[i, toks[-1]] + values[i, toks[-1]]
+                             - values[i, toks], atol=1e-5)
