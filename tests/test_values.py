@@ -83,18 +83,25 @@ def test_step_needs_step_ends_and_options_are_checked():
                                                                        + 1e-6), rtol=1e-5)
 
 
+def agent_rollouts_with_values(seed, rng):
+  """`test_turn_weighting.make`'s multi-turn rollouts with random critic values and dense
+  turn rewards."""
+  from test_turn_weighting import make
+  r = make(seed)
+  values = rng.normal(size=r.mask.shape).astype(np.float32)
+  return r.replace(values=values, turns=r.turns.replace(
+      rewards=np.where(r.turns.turn_mask, rng.normal(size=r.turns.turn_mask.shape),
+                       0.0).astype(np.float32)))
+
+
 def test_ppo_turns_matches_a_loop_reference():
   """GAE over turns from the critic's value before each turn's first action token, whitened
   over the batch's taken turns, spread over the action tokens."""
-  from test_turn_weighting import make
   rng = np.random.default_rng(0)
   for seed in range(5):
-    r = make(seed)
+    r = agent_rollouts_with_values(seed, rng)
     g, l = r.mask.shape
-    values = rng.normal(size=(g, l)).astype(np.float32)
-    r = r.replace(values=values, turns=r.turns.replace(
-        rewards=np.where(r.turns.turn_mask, rng.normal(size=r.turns.turn_mask.shape),
-                         0.0).astype(np.float32)))
+    values = r.values
     gamma, lam = 0.9, 0.8
     got = np.asarray(credit.get("ppo_turns")(r, gamma=gamma, lam=lam))
     tt, tm, rw = (np.asarray(x) for x in (r.turns.token_turn, r.turns.turn_mask, r.turns.rewards))
@@ -120,15 +127,11 @@ def test_ppo_turns_matches_a_loop_reference():
 def test_bilevel_gae_matches_a_loop_reference():
   """Turn-level GAE, then token-level GAE inside each turn seeded with the turn's return
   target G_k = A_k + V(s_k) on its last action token; at token γ = λ = 1, G_k − V(token)."""
-  from test_turn_weighting import make
   rng = np.random.default_rng(1)
   for seed in range(4):
-    r = make(seed)
+    r = agent_rollouts_with_values(seed, rng)
     g, l = r.mask.shape
-    values = rng.normal(size=(g, l)).astype(np.float32)
-    r = r.replace(values=values, turns=r.turns.replace(
-        rewards=np.where(r.turns.turn_mask, rng.normal(size=r.turns.turn_mask.shape),
-                         0.0).astype(np.float32)))
+    values = r.values
     gamma, lam, tg, tl = 0.9, 0.8, 0.95, 0.7
     got = np.asarray(credit.get("bilevel_gae")(r, gamma=gamma, lam=lam, token_gamma=tg,
                                                token_lam=tl, whiten=False))
