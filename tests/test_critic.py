@@ -193,6 +193,7 @@ def test_quick_ppo_run_trains_and_checkpoints_its_critic(tmp_path):
   assert len(loop.read_metrics(str(tmp_path / 'metrics.jsonl'))) == len(rows) + 1
 
 
+@pytest.mark.slow  # ~20 s: the script end to end (compiles a critic and four estimators)
 def test_critic_quality_script_runs(tmp_path):
   """experiments/critic_quality.py end to end on a tiny budget: the nonparametric rows and a
   critic row per budget, finite, written to its workdir."""
