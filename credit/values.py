@@ -5,9 +5,9 @@ reward of the responses through s: at a tree sampler's fork points, an average o
 K continuations sampled there) and credits each token, or each reasoning step, with
 V̂(s_{t+1}) − V̂(s_t), VinePPO's advantage with its Monte Carlo values taken from the
 existing samplers' forks instead of extra rollouts. `ppo_turns` is PPO's GAE for
-multi-turn agents with the critic's values taken at turn boundaries. The learned critic
-that fills `Rollouts.values` for `gae` / `ppo` / `ppo_turns` is
-`experiments/training/critic.py`.
+multi-turn agents with the critic's values taken at turn boundaries, `bilevel_gae` adds a
+token-level GAE inside each turn. The learned critic that fills `Rollouts.values` for
+`gae` / `ppo` / `ppo_turns` / `bilevel_gae` is `experiments/training/critic.py`.
 """
 
 import jax
@@ -15,28 +15,13 @@ import jax.numpy as jnp
 
 import trees
 from credit.groups import group_stats, masked_whiten
+from credit.implied_values import _step_sums  # one step-sum for both families
 from credit.registry import register
 from credit.returns import gae_advantages, reverse_linear_scan
 from credit.rollouts import Rollouts, tree_of
 from credit.turns import turn_to_tokens, validate_turns
 
 GRANULARITIES = ("token", "step")
-
-
-def _step_sums(x, mask, ends):
-  """Sum of x over each step (tokens up to and including a step end; the last step ends at
-  the response's last token), given back on every token of the step. [..., L]."""
-  l = x.shape[-1]
-  idx = jnp.arange(l)
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
-  closes = (ends & mask) | last
-  # end(t): the first closing index >= t; prev(t): the last closing index < t (-1: none).
-  end = jax.lax.cummin(jnp.where(closes, idx, l), axis=x.ndim - 1, reverse=True)
-  prev = jax.lax.cummax(jnp.where(closes, idx, -1), axis=x.ndim - 1)
-  prev = jnp.concatenate([jnp.full_like(prev[..., :1], -1), prev[..., :-1]], -1)
-  c = jnp.cumsum(jnp.where(mask, x, 0.0), -1)
-  at = lambda i: jnp.where(i >= 0, jnp.take_along_axis(c, jnp.clip(i, 0, l - 1), -1), 0.0)
-  return jnp.where(mask, at(jnp.minimum(end, l - 1)) - at(prev), 0.0)
 
 
 @register("mc_values")
