@@ -10,7 +10,6 @@ token-level GAE inside each turn. The learned critic that fills `Rollouts.values
 `gae` / `ppo` / `ppo_turns` / `bilevel_gae` is `experiments/training/critic.py`.
 """
 
-import jax
 import jax.numpy as jnp
 
 import trees
