@@ -87,15 +87,21 @@ def test_stateful_estimator_resumes_exactly_and_state_matches_recomputation(tmp_
   # its credit state; the rerun finishes exactly like the uninterrupted run.
   c = cfg.copy_and_resolve_references()
   c.rl.ckpt_every = 100
-  real_sample, calls = loop.sample, {"n": 0}
+  real_sample = loop.sample
 
-  def interrupted(*a, **k):
-    calls["n"] += 1
-    if calls["n"] == 3:
-      raise KeyboardInterrupt
-    return real_sample(*a, **k)
+  def failing_at(n, error):
+    """loop.sample that raises `error` on its n-th call."""
+    calls = {"n": 0}
 
-  monkeypatch.setattr(loop, "sample", interrupted)
+    def sample(*a, **k):
+      calls["n"] += 1
+      if calls["n"] == n:
+        raise error
+      return real_sample(*a, **k)
+
+    return sample
+
+  monkeypatch.setattr(loop, "sample", failing_at(3, KeyboardInterrupt))
   with pytest.raises(KeyboardInterrupt):
     train(c, tmp_path / "b")
   monkeypatch.setattr(loop, "sample", real_sample)
@@ -104,15 +110,7 @@ def test_stateful_estimator_resumes_exactly_and_state_matches_recomputation(tmp_
   assert strip(rows_of(tmp_path / "b")) == strip(want)
 
   # A crash (kill -9) during step 4: resumes from the checkpoint of step 3 (every step's).
-  calls["n"] = 0
-
-  def crashing(*a, **k):
-    calls["n"] += 1
-    if calls["n"] == 4:
-      raise Crash
-    return real_sample(*a, **k)
-
-  monkeypatch.setattr(loop, "sample", crashing)
+  monkeypatch.setattr(loop, "sample", failing_at(4, Crash))
   with pytest.raises(Crash):
     train(cfg, tmp_path / "c")
   monkeypatch.setattr(loop, "sample", real_sample)
