@@ -10,6 +10,7 @@ import pytest
 from experiments.models import decoder
 from experiments.training import train_step as ts
 from trees import packing
+from test_packing import groups as packing_groups  # noqa: E402 (tests/ is on sys.path)
 
 CFG = decoder.PolicyConfig(vocab_size=12, d_model=32, num_layers=2, num_heads=4, d_ff=64,
                           max_len=24, num_kv_heads=2)
@@ -18,20 +19,9 @@ T = P + G * L  # one pack length for every example: shared shapes, few compiles
 
 
 def groups(seed, vocab=3, g=G, l=L):
-  """Random trees: responses copy random prefixes of earlier ones; ragged responses and
-  prompts (some responses empty, some identical)."""
-  rng = np.random.default_rng(seed)
-  tok = rng.integers(0, vocab, (B, g, l)).astype(np.int32)
-  for i in range(1, g):
-    src, cut = rng.integers(0, i, B), rng.integers(0, l + 1, B)
-    keep = np.arange(l)[None] < cut[:, None]
-    tok[:, i] = np.where(keep, tok[np.arange(B), src], tok[:, i])
-  lens = rng.integers(0, l + 1, (B, g))
-  lens[:, 0] = L
-  mask = np.arange(l)[None, None] < lens[..., None]
-  prompts = rng.integers(0, CFG.vocab_size, (B, P)).astype(np.int32)
-  plen = rng.integers(1, P + 1, B).astype(np.int32)
-  return prompts, tok, mask, plen
+  """Random trees (`test_packing.groups`: responses copy random prefixes of earlier ones;
+  ragged responses and prompts) of B groups with P-token prompts."""
+  return packing_groups(seed, b=B, g=g, l=l, p=P, vocab=vocab)
 
 
 def full_pairs(block):
