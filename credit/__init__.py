@@ -9,13 +9,13 @@ from credit import (agents, frpo, outcome, pure, returns, siblings, spo, tempo, 
 # The seeds' reweighting families (issue 22), one module a family.
 from credit import (answer_mask, confidence, context_shift, difficulty,  # noqa: F401
                     entropy_guided, entropy_weighting, implied_values, polarity, saliency)
-# Value-based credit beside tree values (issue 24); milestone credit for agents (issue 23).
-from credit import milestones, turn_weighting, values  # noqa: F401
+# Value-based credit beside tree values (issue 24); milestone and probe credit (issue 23).
+from credit import milestones, probes, turn_weighting, values  # noqa: F401
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
 from credit.registry import (get, init_state, loss_mask, names, needs, register, stateful,
                              update_state)
 from credit.returns import (discounted_returns, gae_advantages, outcome_token_rewards,
                             reverse_linear_scan, td_lambda_returns)
-from credit.rollouts import Rollouts, tree_of
+from credit.rollouts import Rollouts, StepProbes, tree_of
 from credit.turns import Turns, turn_to_tokens, validate_turns
 from credit.validate import validate

@@ -49,6 +49,9 @@ class Rollouts:
       context (one extra teacher-forced pass with the prompt changed: GCPO, PGPO), or None.
     saliency: float32 [..., G, L] per-token gradient saliency (the norm of the gradient of
       the response log-likelihood w.r.t. the token's input embedding; GRAIL), or None.
+    step_probes: `StepProbes` [..., G, S+1]: teacher-forced probes of the task's gold
+      continuation after each prefix of a response's reasoning steps (SPAE, P2S, MIG), or
+      None.
   """
 
   tokens: jax.Array
@@ -69,6 +72,7 @@ class Rollouts:
   credit_state: Optional[object] = None
   context_logprobs: Optional[jax.Array] = None
   saliency: Optional[jax.Array] = None
+  step_probes: Optional["StepProbes"] = None
 
   @property
   def group_size(self) -> int:
@@ -83,6 +87,25 @@ class Rollouts:
   def sampling_logprobs(self) -> Optional[jax.Array]:
     """Log-probs under the sampling policy: `old_logprobs`, else `logprobs` (or None)."""
     return self.old_logprobs if self.old_logprobs is not None else self.logprobs
+
+
+@flax.struct.dataclass
+class StepProbes:
+  """Probes at reasoning-step boundaries, [..., G, S+1] (probe k: after the response's
+  first k steps, k = 0 before any; a step ends at a True of `Rollouts.step_ends`).
+
+  Attributes:
+    logprobs: float32, the mean per-token log π_θ of the task's gold continuation (a
+      demonstration's steps k+1.., its answer and EOS) teacher-forced after the prompt and
+      the response's first k steps; 0 where `mask` is False.
+    entropy: float32, the mean next-token entropy (nats) over those continuation tokens.
+    mask: bool, True where probe k exists: k = 0, or the response has more than k step
+      ends (its k-th step is closed and is not its last one).
+  """
+
+  logprobs: jax.Array
+  entropy: jax.Array
+  mask: jax.Array
 
 
 def tree_of(rollouts: Rollouts) -> trees.PrefixTree:

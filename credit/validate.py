@@ -38,7 +38,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
   saliency) are int or float of the tokens' shape, finite in float32 on unmasked tokens;
   prompt_logprobs is [..., P] real, finite on `prompt_mask` (bool [..., P]; all of P
   without one); a policy_mask is boolean, of the tokens' shape and inside mask;
-  an explicit tree has the tokens' mask; `turns` (multi-turn trajectories) pass
+  an explicit tree has the tokens' mask; step_probes are [..., G, S+1] (S >= 1), log-probs
+  and entropies real and finite where their boolean mask is True; `turns` (multi-turn trajectories) pass
   `credit.validate_turns` against the tokens. Values are checked only when concrete
   (under jit, or sharded over several hosts: shapes and dtypes only).
   """
@@ -72,6 +73,7 @@ def validate(rollouts: Rollouts) -> Rollouts:
       if not np.all(finite | ~np.asarray(mask)):
         raise ValueError(f"{name} has non-finite values on unmasked tokens.")
   _check_prompt(rollouts, tokens.shape[:-2], concrete)
+  _check_probes(rollouts.step_probes, tokens.shape[:-1], concrete)
   if rollouts.policy_mask is not None:
     policy = _array(rollouts.policy_mask)
     if policy.shape != tokens.shape or policy.dtype != jnp.bool_:
@@ -124,3 +126,24 @@ def _check_prompt(rollouts: Rollouts, lead: tuple, concrete: bool):
       raise ValueError(f"prompt_logprobs{list(where)} is not finite"
                        + (" on a scored prompt token." if on is not None else "."))
 
+
+
+def _check_probes(probes, lead: tuple, concrete: bool):
+  """`StepProbes` [..., G, S+1] of the groups' responses [..., G] = lead."""
+  if probes is None:
+    return
+  m = _array(probes.mask)
+  if m.dtype != jnp.bool_ or m.ndim != len(lead) + 1 or m.shape[:-1] != lead or m.shape[-1] < 2:
+    raise ValueError(f"step_probes.mask must be boolean [..., G, S+1] with [..., G] = {lead} "
+                     f"and S >= 1; got {m.dtype} {m.shape}.")
+  for name in ("logprobs", "entropy"):
+    x = _array(getattr(probes, name))
+    if x.shape != m.shape or not _is_real(x.dtype, allow_bool=False):
+      raise ValueError(f"step_probes.{name} must be real of the probe mask's shape {m.shape}; "
+                       f"got {x.dtype} {x.shape}.")
+    if concrete and _concrete(x) and _concrete(m):
+      with np.errstate(over='ignore'):
+        bad = ~np.isfinite(np.asarray(x, np.float32)) & np.asarray(m)
+      if np.any(bad):
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"step_probes.{name}{list(where)} is not finite on a probe that exists.")

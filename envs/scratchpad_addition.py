@@ -65,6 +65,12 @@ class ScratchpadAddition(base.Task):
     return 2 * self.num_operands + 4
 
   @property
+  def reasoning_steps(self) -> int:
+    """The steps before the answer in every valid response: the D column steps (the
+    gold-continuation probes of `experiments/training/probes.py` sit after each)."""
+    return self.num_digits
+
+  @property
   def response_len(self):
     d = self.num_digits
     return d * (self.step_width + 1) + d + 2

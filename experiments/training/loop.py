@@ -20,6 +20,8 @@ Optional Rollouts inputs are computed only when the estimator `needs` them
   prompt_logprobs   [B, P] one teacher-forced pass over the prompts (`prompt_logprobs`)
   context_logprobs  one teacher-forced pass with the prompt changed (`context_prompts`)
   saliency          one extra backward pass (`experiments/training/saliency.py`)
+  step_probes       S + 1 teacher-forced passes scoring the gold continuation after each
+                    reasoning step (`experiments/training/probes.py`; JAX CoT tasks)
 A stateful estimator (`credit.stateful(name)`) gets its state (`credit.init_state`) in
 `Rollouts.credit_state`; after the advantages the loop computes `credit.update_state` in
 the same jitted call, commits it with the update, logs its scalar leaves as
@@ -64,6 +66,7 @@ from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
+from experiments.training import probes as probes_lib
 from experiments.training import saliency as saliency_lib
 from experiments.training import train_step as ts
 from experiments.training import watchdog
@@ -428,8 +431,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
 
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
-  prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None) ->
-  (advantages, loss mask);
+  prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None,
+  step_probes=None) -> (advantages, loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
   `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
@@ -441,14 +444,15 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
          prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None,
-         values=None):
+         values=None, step_probes=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
                                step_ends=step_ends, policy_mask=policy_mask, turns=turns,
                                entropy=entropy, prompt_logprobs=prompt_logprobs,
                                prompt_mask=prompt_mask, context_logprobs=context_logprobs,
-                               saliency=saliency, credit_state=credit_state, values=values)
+                               saliency=saliency, credit_state=credit_state, values=values,
+                               step_probes=step_probes)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:
@@ -506,6 +510,12 @@ class JaxProblem:
     """(token_rewards, step_ends) [B, G, L] from the task's per-step verifier."""
     return group_process_rewards(draw.prompts, samples.tokens, samples.mask, draw.handle,
                                  task=self.task)
+
+  def step_probes(self, params, draw, samples, step_ends):
+    """`credit.StepProbes` [B, G, S+1]: the gold continuation scored after each prefix of
+    the responses' reasoning steps (`experiments/training/probes.py`)."""
+    return probes_lib.step_probes(params, draw.prompts, samples.tokens, samples.mask, step_ends,
+                                  draw.handle, cfg=self.pcfg, task=self.task)
 
   def evaluate(self, params, ecfg) -> dict:
     return evaluate(params, self.pcfg, self.task, ecfg)
@@ -928,6 +938,12 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
     raise ValueError(f'credit {cfg.credit.name!r} needs per-step process rewards '
                      f'(token_rewards, step_ends), which task {cfg.task.name!r} does not '
                      f'provide; use a chain-of-thought task (scratch_add, countdown_steps)')
+  need_probes = 'step_probes' in needs
+  if need_probes and not hasattr(getattr(problem, 'task', None), 'reasoning_steps'):
+    raise ValueError(f'credit {cfg.credit.name!r} probes the gold continuation after each '
+                     f'reasoning step, which needs a JAX chain-of-thought task with '
+                     f'demonstrations and `reasoning_steps` (scratch_add); task '
+                     f'{cfg.task.name!r} has none')
   if 'turns' in credit.needs(cfg.credit.name) and not hasattr(problem, 'turns'):
     raise ValueError(f'credit {cfg.credit.name!r} assigns credit to the turns of multi-turn '
                      f'trajectories; task {cfg.task.name!r} is single-turn (use a multi-turn '
@@ -1021,6 +1037,14 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       old_lp.block_until_ready()
       t2 = time.perf_counter()
       process = problem.process_rewards(draw, samples) if need_process else (None, None)
+      probe_s = {}
+      if need_probes:  # S + 1 teacher-forced passes scoring the gold continuation
+        tp = time.perf_counter()
+        extra['step_probes'] = problem.step_probes(state.params, draw, samples, process[1])
+        credit.validate(credit.Rollouts(  # on the host: a NaN probe is named, not trained on
+            tokens=samples.tokens, mask=samples.mask, rewards=rewards,
+            step_probes=extra['step_probes']))
+        probe_s = dict(probe_s=time.perf_counter() - tp)
       turns = (problem.turns(state.params, draw, samples, credit.needs(cfg.credit.name))
                if hasattr(problem, 'turns') else None)
       if turns is not None:  # values are checked on the host: `est` is jitted (tracers)
@@ -1072,7 +1096,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,
                  step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),
                  train_tokens_per_s=ntok * loss_cfg.num_epochs / (t4 - t3),
-                 credit_frac=(t3 - t2) / (t4 - t0), **reward_metrics,
+                 credit_frac=(t3 - t2) / (t4 - t0), **probe_s, **reward_metrics,
                  **({'critic_s': critic_s} if need_values else {}),
                  **(state_metrics(credit_state) if stateful else {}))
       pending = row  # update applied, row not yet written (see KeyboardInterrupt below)
