@@ -28,7 +28,9 @@ setup(
         "qwix>=0.1.8",
     ],
     extras_require={
-        "test": ["pytest>=8.0", "hypothesis>=6.100",
+        # pytest-xdist: the README's command runs the suite in 2 processes (one core each;
+        # tests/conftest.py keeps XLA single-threaded).
+        "test": ["pytest>=8.0", "pytest-xdist>=3.5", "hypothesis>=6.100",
                  # tests/test_notebook.py executes experiments/trees_notebook.ipynb.
                  "nbclient>=0.11.0", "nbformat>=5.11.1", "ipykernel>=7.4.0",
                  "treescope>=0.1.10",

@@ -45,6 +45,11 @@ token) with reward = the undiscounted episode return:
   grpo   the episode return normalised over the group, the same on every turn;
   tempo  `credit.get('tempo')`: GRPO plus the prefix-tree TD at the action token,
          V̂(history, a_k) − V̂(history) (histories, not states, are merged).
+The token-level turn estimators (taura, copo_turns, ppo_turns, bilevel_gae) get the same
+trajectories with `turns.token_turn`, the sampling policy's exact log π(a_k | s_k) and
+entropy H(π(· | s_k)) on each action token (Sokoban's uniform π: the same on every turn, so
+taura and copo_turns are GRPO there), and for the critic-based two V^π_k(s_k) as the
+critic's value: an oracle critic, the upper bound of a learned one, with the benchmark's γ.
 cast is scored in its value-difference form (`credit.agents.CAST_VALUE_DIFFERENCE`: the
 training default is the paper's step-count recipe, which needs solver step counts) and
 fed values_star_k = R_{<k} + V(s_k), V plus the reward collected before turn
@@ -80,9 +85,14 @@ from experiments import credit_quality as cq
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# igpo needs a gold answer to probe for, which neither environment here has.
-ESTIMATORS = tuple(n for n in agents.AGENT_ESTIMATORS if n != "igpo") + ("grpo", "tempo")
-DISCOUNTED = ("gigpo", "gagpo", "gtpo")  # estimators with a gamma hyperparameter
+# igpo needs a gold answer to probe for, which neither environment here has; beacon needs
+# sub-goal milestones, which neither has either (one box: solving is the only milestone).
+# Token-level turn estimators read the policy's exact action log-probs and entropies and,
+# for the critic-based ones, an oracle critic: V^π itself (an upper bound on a learned one).
+TURN_TOKEN_ESTIMATORS = ("taura", "copo_turns", "ppo_turns", "bilevel_gae")
+ESTIMATORS = (tuple(n for n in agents.AGENT_ESTIMATORS if n != "igpo") + TURN_TOKEN_ESTIMATORS
+              + ("grpo", "tempo"))
+DISCOUNTED = ("gigpo", "gagpo", "gtpo", "ppo_turns", "bilevel_gae")  # with a gamma
 MDP_DEFAULTS = dict(num_states=8, num_actions=3, max_turns=6, branching=2,
                     step_reward_scale=0.1)
 SOKOBAN_DEFAULTS = dict(num_boxes=1, reverse_steps=6, max_turns=12, step_penalty=0.0)
@@ -101,6 +111,8 @@ class Batch:
     true_adv: float32 [B, G, K], A^π_k(s_k, a_k) on taken turns, 0 elsewhere.
     value_pi: float32 [B, G, K+1], V^π_k(s_k) (0 once done).
     cast_values: float32 [B, G, K+1], values_star fed to cast (module docstring).
+    action_logprob: float32 [B, G, K], log π(a_k | s_k) of the sampling policy.
+    action_entropy: float32 [B, G, K], the entropy of π(· | s_k) (nats).
   """
 
   turns: Turns
@@ -109,6 +121,8 @@ class Batch:
   true_adv: jax.Array
   value_pi: jax.Array
   cast_values: jax.Array
+  action_logprob: jax.Array
+  action_entropy: jax.Array
 
 
 def first_members(batch: Batch, group_size: int) -> Batch:
@@ -177,11 +191,16 @@ def sample_mdp(env, key, logits, num_groups: int, group_size: int, gamma: float 
   turns = Turns(state_ids=_slots(out["sid"], last["sid"], b, g).astype(np.int32),
                 rewards=rewards, turn_mask=mask, success=np.asarray(last["goal"]).reshape(b, g))
   value_pi = _slots(out["v"], last["v"], b, g)
+  logp = np.asarray(jax.nn.log_softmax(logits, -1), np.float64)  # [S, A], stationary
+  s, a = _turns(out["s"], b, g), _turns(out["a"], b, g)
+  ent = -np.sum(np.exp(logp) * logp, -1)
   return Batch(turns=turns, actions=_turns(out["a"], b, g).astype(np.int32),
                states=_slots(out["s"], last["s"], b, g).astype(np.int32),
                true_adv=np.where(mask, _turns(out["adv"], b, g), 0.0).astype(np.float32),
                value_pi=value_pi.astype(np.float32),
-               cast_values=(_collected(rewards) + value_pi).astype(np.float32))
+               cast_values=(_collected(rewards) + value_pi).astype(np.float32),
+               action_logprob=np.where(mask, logp[s, a], 0.0).astype(np.float32),
+               action_entropy=np.where(mask, ent[s], 0.0).astype(np.float32))
 
 
 # --------------------------------------------------------------------------- Sokoban
@@ -309,7 +328,10 @@ def sokoban_batch(env, start, out, final, final_ids, num_rooms: int, group_size:
                 turn_mask=mask, success=solved_at.any(-1))
   return Batch(turns=turns, actions=actions.astype(np.int32), states=nodes.astype(np.int32),
                true_adv=true_adv.astype(np.float32), value_pi=value_pi.astype(np.float32),
-               cast_values=(_collected(rewards) + v_star).astype(np.float32))
+               cast_values=(_collected(rewards) + v_star).astype(np.float32),
+               action_logprob=np.where(mask, np.log(policy[actions]), 0.0).astype(np.float32),
+               action_entropy=np.where(mask, -np.sum(policy * np.log(policy)), 0.0).astype(
+                   np.float32))
 
 
 def sample_sokoban(env, key, num_rooms: int, group_size: int, gamma: float = 0.95) -> Batch:
@@ -330,13 +352,34 @@ def trajectory_rollouts(batch: Batch) -> credit.Rollouts:
   return credit.Rollouts(tokens, mask, np.asarray(episode_returns(t.rewards, t.turn_mask)))
 
 
+def turn_rollouts(batch: Batch) -> credit.Rollouts:
+  """`trajectory_rollouts` with the turn structure the token-level turn estimators read:
+  `turns.token_turn` (k on turn k's action token, −1 on state tokens), the action tokens'
+  exact log-probs and entropies, and V^π_k(s_k) as the critic's value at turn k's tokens."""
+  r = trajectory_rollouts(batch)
+  t = batch.turns
+  mask = np.asarray(t.turn_mask)
+  k = np.arange(mask.shape[-1])
+  token_turn = np.stack([np.full(mask.shape, -1), np.where(mask, k, -1)], -1)
+  at_action = lambda x: np.stack([np.zeros(mask.shape), np.where(mask, x, 0.0)], -1).reshape(
+      r.mask.shape).astype(np.float32)
+  v = np.asarray(batch.value_pi)[..., :-1]
+  values = np.repeat(np.where(mask, v, 0.0), 2, -1).astype(np.float32)
+  return r.replace(turns=t.replace(token_turn=token_turn.reshape(r.mask.shape).astype(np.int32)),
+                   policy_mask=np.asarray(at_action(1.0) > 0) & np.asarray(r.mask),
+                   logprobs=at_action(batch.action_logprob),
+                   entropy=at_action(batch.action_entropy), values=values)
+
+
 def estimate(name: str, batch: Batch, gamma: float) -> np.ndarray:
   """The estimator's turn advantages float32 [B, G, K]."""
+  hp = {"gamma": gamma} if name in DISCOUNTED else {}
   if name in agents.AGENT_ESTIMATORS:
-    hp = {"gamma": gamma} if name in DISCOUNTED else {}
     if name == "cast":
       hp = {"values_star": batch.cast_values, **agents.CAST_VALUE_DIFFERENCE}
     return np.asarray(agents.AGENT_ESTIMATORS[name](batch.turns, **hp))
+  if name in TURN_TOKEN_ESTIMATORS:
+    return np.asarray(credit.get(name)(turn_rollouts(batch), **hp))[..., 1::2]
   return np.asarray(cq._jitted(name)(trajectory_rollouts(batch)))[..., 1::2]
 
 

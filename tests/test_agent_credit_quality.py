@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+import credit
 from experiments import agent_credit_quality as acq
 from experiments import credit_quality as cq
 
@@ -171,3 +172,32 @@ def test_main_tiny(tmp_path):
   for name, per_g in summary.items():
     assert all(math.isfinite(per_g[G][k][0]) for k in ("corr", "mse", "sign")), name
   assert summary["cast"][G]["corr"][0] > summary["grpo"][G]["corr"][0] + 0.1  # the V^π oracle
+
+
+def test_turn_token_estimators_read_exact_policy_and_oracle_values(mdp):
+  # The token-level turn estimators see π's exact log-probs/entropies on the action tokens
+  # and V^π as an oracle critic: with λ = 0 ppo_turns is the one-step TD error
+  # r_k + V^π_{k+1}(s_{k+1}) − V^π_k(s_k), with λ = 1 the return-to-go minus V^π_k(s_k).
+  env, logits, batch = mdp
+  small = acq.first_members(batch, 4)
+  r = acq.turn_rollouts(small)
+  mask, s, a = (np.asarray(x) for x in (small.turns.turn_mask, small.states, small.actions))
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  lp = np.asarray(r.logprobs)[..., 1::2]
+  np.testing.assert_allclose(lp[mask], logp[s[..., :-1], a][mask], rtol=1e-5, atol=1e-5)
+  ent = -(np.exp(logp) * logp).sum(-1)
+  np.testing.assert_allclose(np.asarray(r.entropy)[..., 1::2][mask], ent[s[..., :-1]][mask],
+                             rtol=1e-5, atol=1e-5)
+  rewards, v = np.asarray(small.turns.rewards, np.float64), np.asarray(small.value_pi, np.float64)
+  v_next = np.where(np.concatenate([mask[..., 1:], np.zeros_like(mask[..., :1])], -1),
+                    v[..., 1:], 0.0)
+  td0 = np.where(mask, rewards + v_next - v[..., :-1], 0.0)
+  got0 = np.asarray(credit.get("ppo_turns")(r, gamma=1.0, lam=0.0, whiten=False))[..., 1::2]
+  np.testing.assert_allclose(got0, td0, atol=1e-5)
+  to_go = np.cumsum(rewards[..., ::-1], -1)[..., ::-1]
+  got1 = np.asarray(credit.get("ppo_turns")(r, gamma=1.0, lam=1.0, whiten=False))[..., 1::2]
+  np.testing.assert_allclose(got1, np.where(mask, to_go - v[..., :-1], 0.0), atol=1e-5)
+  # Every one of them gives finite turn advantages of the truth's shape.
+  for name in acq.TURN_TOKEN_ESTIMATORS:
+    adv = acq.estimate(name, small, 1.0)
+    assert adv.shape == small.true_adv.shape and np.isfinite(adv).all(), name

@@ -1,4 +1,4 @@
-"""The seed-family scripts (issue 22) run end to end in quick mode: every method of each
+"""The seed-family scripts (issues 22 and 23's probes) run end to end in quick mode: every method of each
 family trains from the shared SFT start on the same first batch as GRPO, and its credit
 (or loss) actually changes the update."""
 
@@ -11,7 +11,7 @@ from configs import tempo as tempo_config
 from experiments.training import compare, loop
 
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
-            'context_shift', 'saliency')
+            'context_shift', 'saliency', 'probes')
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:

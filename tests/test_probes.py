@@ -49,6 +49,9 @@ CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
                            d_ff=32, max_len=TASK.prompt_len + 2 * TASK.response_len)
 
 
+forward = jax.jit(lambda params, prompt, seq: decoder.token_logprobs(params, CFG, prompt, seq))
+
+
 def test_probes_equal_teacher_forcing_of_the_gold_continuation():
   params = decoder.init_params(jax.random.PRNGKey(0), CFG)
   b, g, l = 2, 3, TASK.response_len
@@ -82,7 +85,7 @@ def test_probes_equal_teacher_forcing_of_the_gold_continuation():
         cont = demo[i, starts[k]:dl]
         seq = np.concatenate([tokens[i, j, :cuts[k]], cont])
         seq = np.pad(seq, (0, 2 * l - len(seq)), constant_values=TASK.pad_id)
-        lp, ent = decoder.token_logprobs(params, CFG, prompts[i:i + 1], jnp.asarray(seq[None]))
+        lp, ent = forward(params, prompts[i:i + 1], jnp.asarray(seq[None]))
         on = slice(cuts[k], cuts[k] + len(cont))
         np.testing.assert_allclose(got.logprobs[i, j, k], np.mean(np.asarray(lp)[0, on]),
                                    rtol=1e-5, atol=1e-5)
