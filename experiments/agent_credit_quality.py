@@ -33,11 +33,11 @@ Environments:
            solved flags checked against `env.step`.
 
 Estimators: every `credit.agents.AGENT_ESTIMATORS` entry but igpo (no gold answer
-here) on `Turns` built from the
+here) and `credit.turn_norm`'s (MT-GRPO, MAPO for dialogue, MemoPilot) on `Turns` built from the
 rollouts (state ids = `env.state_id`, the turn not included, so states reached at
 different turns are merged although V^π depends on the turn; per-turn rewards; turn
 mask; success = reached the goal / solved), with γ = the benchmark's γ for those that
-take one (gigpo, gagpo, gtpo) and their defaults otherwise; plus two token-level
+take one (gigpo, gagpo, gtpo, mapo_turns, memopilot) and their defaults otherwise; plus two token-level
 references on trajectories written as tokens [s_0, a_0, s_1, a_1, ...] (state token
 = its state id, action token = its index; mask True on both tokens of every taken
 turn, the mask being one run from 0; the turn's advantage is read at its action
@@ -77,7 +77,7 @@ import matplotlib
 import numpy as np
 
 import credit
-from credit import agents
+from credit import agents, turn_norm
 from credit.turns import Turns, episode_returns
 from envs import exact_mdp, sokoban
 from experiments import credit_quality as cq
@@ -90,9 +90,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 # Token-level turn estimators read the policy's exact action log-probs and entropies and,
 # for the critic-based ones, an oracle critic: V^π itself (an upper bound on a learned one).
 TURN_TOKEN_ESTIMATORS = ("taura", "copo_turns", "ppo_turns", "bilevel_gae")
-ESTIMATORS = (tuple(n for n in agents.AGENT_ESTIMATORS if n != "igpo") + TURN_TOKEN_ESTIMATORS
-              + ("grpo", "tempo"))
-DISCOUNTED = ("gigpo", "gagpo", "gtpo", "ppo_turns", "bilevel_gae")  # with a gamma
+TURN_LEVEL = {**{n: f for n, f in agents.AGENT_ESTIMATORS.items() if n != "igpo"},
+              **turn_norm.TURN_NORM_ESTIMATORS}
+ESTIMATORS = tuple(TURN_LEVEL) + TURN_TOKEN_ESTIMATORS + ("grpo", "tempo")
+DISCOUNTED = ("gigpo", "gagpo", "gtpo", "mapo_turns", "memopilot", "ppo_turns",
+              "bilevel_gae")  # with a gamma
 MDP_DEFAULTS = dict(num_states=8, num_actions=3, max_turns=6, branching=2,
                     step_reward_scale=0.1)
 SOKOBAN_DEFAULTS = dict(num_boxes=1, reverse_steps=6, max_turns=12, step_penalty=0.0)
@@ -374,10 +376,10 @@ def turn_rollouts(batch: Batch) -> credit.Rollouts:
 def estimate(name: str, batch: Batch, gamma: float) -> np.ndarray:
   """The estimator's turn advantages float32 [B, G, K]."""
   hp = {"gamma": gamma} if name in DISCOUNTED else {}
-  if name in agents.AGENT_ESTIMATORS:
+  if name in TURN_LEVEL:
     if name == "cast":
       hp = {"values_star": batch.cast_values, **agents.CAST_VALUE_DIFFERENCE}
-    return np.asarray(agents.AGENT_ESTIMATORS[name](batch.turns, **hp))
+    return np.asarray(TURN_LEVEL[name](batch.turns, **hp))
   if name in TURN_TOKEN_ESTIMATORS:
     return np.asarray(credit.get(name)(turn_rollouts(batch), **hp))[..., 1::2]
   return np.asarray(cq._jitted(name)(trajectory_rollouts(batch)))[..., 1::2]
