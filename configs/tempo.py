@@ -19,8 +19,9 @@ samples; 'tree_entropy' 4 chains + 1 fork each at its highest-entropy token.
 import ml_collections
 
 # method spec "credit:sampler"; sampler in SAMPLERS ('tree_turns': multi-turn environments
-# only, configs/agents.py; the others: single-turn tasks, 'iid' both).
-SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns')
+# only, configs/agents.py; the others: single-turn tasks, 'iid' both; 'lagged': G i.i.d.
+# responses from the policy of the last step that is a multiple of sampler.lag).
+SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -42,7 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.sampler = ml_collections.ConfigDict(dict(
       name='iid',            # one of SAMPLERS
-      group_size=8,          # G for 'iid'
+      group_size=8,          # G for 'iid' and 'lagged'
+      lag=4,                 # lagged (off-policy GRPO, #63): refresh the sampling policy every lag steps
       temperature=1.0, top_p=1.0, top_k=0,
       branching=(2, 2, 2), segment_len=1,                   # tree_fixed: G = prod(branching)
       num_chains=4, num_forks=1, num_continuations=1,       # tree_entropy: G = N (1 + F C)
@@ -67,6 +69,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.rl = ml_collections.ConfigDict(dict(
       steps=40, prompts_per_step=64, ckpt_every=20, seed=0,
+      # > 0: a fixed pool of this many training prompts per run (each step draws from it,
+      # so prompts recur: replay, R3 #73); 0: fresh prompts every step.
+      prompt_pool=0,
       # False: old log-probs = the sampler's (saves a forward pass, ~20% of a step).
       recompute_logprobs=False))
 

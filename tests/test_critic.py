@@ -180,8 +180,9 @@ def test_quick_ppo_run_trains_and_checkpoints_its_critic(tmp_path):
       meta=loop.ocp.args.JsonRestore()))['meta']
   with warnings.catch_warnings():
     warnings.simplefilter('error', RuntimeWarning)  # a checkpoint set aside would warn
-    _, meta2, _, restored = loop.restore_checkpoint(mngr, state, meta['fingerprint'],
-                                                    meta['config'], None, template)
+    _, meta2, aux = loop.restore_checkpoint(mngr, state, meta['fingerprint'],
+                                            meta['config'], dict(critic=template))
+  restored = aux['critic']
   updates = 2 * cfg.loss.num_epochs * cfg.loss.num_minibatches  # one per critic minibatch
   assert meta2['rl_step'] == 2 and int(restored.step) == updates
   head = np.asarray(restored.params['value_head']['kernel'])

@@ -42,6 +42,8 @@ RULES = (
     ('sampler.cut_threshold', '(0, 1]'),
     ('sampler.cut_every', '[1, inf)'),
     ('sampler.fork_turn', '[0, inf)'),
+    ('sampler.lag', '[1, inf)'),
+    ('rl.prompt_pool', '[0, inf)'),  # 0: fresh prompts every step
     ('loss.eps_low', '[0, inf)'),
     ('loss.eps_high', '[0, inf)'),
     ('loss.kl_coef', '[0, inf)'),

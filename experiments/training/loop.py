@@ -67,6 +67,7 @@ from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
 from experiments.training import probes as probes_lib
+from experiments.training import replay as replay_lib
 from experiments.training import saliency as saliency_lib
 from experiments.training import train_step as ts
 from experiments.training import watchdog
@@ -86,6 +87,7 @@ SAMPLER_FIELDS = {
     'tree_cutpoints': ('num_chains', 'num_forks', 'num_continuations', 'cut_threshold',
                        'cut_every'),
     'tree_turns': ('num_chains', 'num_continuations', 'fork_turn'),
+    'lagged': ('group_size', 'lag'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
@@ -199,7 +201,7 @@ def loss_config(cfg) -> ts.LossConfig:
 
 
 def group_size(scfg) -> int:
-  if scfg.name == 'iid':
+  if scfg.name in ('iid', 'lagged'):
     return scfg.group_size
   if scfg.name == 'tree_fixed':
     return int(np.prod(scfg.branching))
@@ -211,7 +213,7 @@ def group_size(scfg) -> int:
 def run_config(cfg, run_seed: int):
   """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped, and
   the `critic` section dropped when the estimator reads no values (so GRPO runs of
-  configs/ppo.py share their workdir with every other script's)."""
+  configs/ppo.py share their workdir with every other script's), and rl.prompt_pool when 0."""
   out = cfg.copy_and_resolve_references()
   out.rl.seed = run_seed
   used = SAMPLER_COMMON + SAMPLER_FIELDS[cfg.sampler.name]
@@ -220,6 +222,8 @@ def run_config(cfg, run_seed: int):
       del out.sampler[field]
     if 'critic' in out and 'values' not in credit.needs(cfg.credit.name):
       del out['critic']
+    if not out.rl.get('prompt_pool', 0) and 'prompt_pool' in out.rl:
+      del out.rl['prompt_pool']  # fresh prompts: the fingerprint of runs before the option
   return out
 
 
@@ -257,7 +261,7 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
             top_p=scfg.top_p, top_k=scfg.top_k, eos_id=task.eos_id, pad_id=task.pad_id,
             prompt_ids=prompt_ids, prompt_len=prompt_len)
   r = task.response_len
-  if scfg.name == 'iid':
+  if scfg.name in ('iid', 'lagged'):  # lagged: the loop passes the behaviour policy's params
     return sampling.sample_iid(params, pcfg, key, prompts, scfg.group_size, r, **kw)
   if scfg.name == 'tree_fixed':
     return sampling.sample_tree_fixed(params, pcfg, key, prompts, tuple(scfg.branching),
@@ -498,7 +502,18 @@ class JaxProblem:
     self.eos_id, self.pad_id = self.task.eos_id, self.task.pad_id
     self.response_len = self.task.response_len
 
+  def set_pool(self, size: int, seed: int):
+    """Fixes a pool of `size` training prompts drawn from `seed` (`rl.prompt_pool`); `draw`
+    then takes each step's prompts from it, their pool indices as prompt ids."""
+    self.pool = _task_sample(jax.random.fold_in(jax.random.PRNGKey(seed), 0x5eed),
+                             task=self.task, n=size)
+
   def draw(self, key, step: int, n: int) -> text_rollouts.Draw:
+    pool = getattr(self, 'pool', None)
+    if pool is not None:  # n distinct prompts of the fixed pool
+      idx = replay_lib.pool_indices(key, pool[0].shape[0], n)
+      prompts, info = jax.tree.map(lambda x: x[idx], pool)
+      return text_rollouts.Draw(prompts, None, idx, info)
     prompts, info = _task_sample(key, task=self.task, n=n)
     return text_rollouts.Draw(prompts, None, jnp.arange(n, dtype=jnp.int32) + step * n, info)
 
@@ -593,23 +608,25 @@ def _train_tree(state: ts.TrainState) -> dict:
           'rng': state.rng}
 
 
-def _state_tree(state: ts.TrainState, credit_state=None, critic=None):
+def _state_tree(state: ts.TrainState, aux=None):
+  """The checkpointed tree: the train state, and each non-None `aux` entry (the loop state
+  that persists across steps: 'credit_state' a stateful estimator's, 'critic' the learned
+  critic's `TrainState`, 'replay' the replay store, 'behaviour' the lagged sampler's
+  params), saved with the step's."""
   tree = _train_tree(state)
-  if credit_state is not None:  # a stateful estimator's state, saved with the step's
-    tree['credit_state'] = credit_state
-  if critic is not None:  # the learned critic's train state (PPO), likewise
-    tree['critic'] = _train_tree(critic)
+  for name, value in (aux or {}).items():
+    if value is not None:
+      tree[name] = _train_tree(value) if isinstance(value, ts.TrainState) else value
   return tree
 
 
-def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, credit_state=None,
-                    critic=None):
+def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, aux=None):
   """Saves `step` (orbax writes a temporary directory and renames it when complete, so a
-  save cut short leaves the previous checkpoints intact), with `credit_state` (a stateful
-  estimator's state after that step) and `critic` (the critic's `TrainState`) when given.
+  save cut short leaves the previous checkpoints intact), with the loop state after that
+  step in `aux` ({name: pytree or TrainState or None}, `_state_tree`).
   A failed write (e.g. a full disk) raises an error (OSError for an OS error, same errno;
   else RuntimeError) naming the checkpoint and the newest intact one a rerun resumes from."""
-  tree = ts.to_global(_state_tree(state, credit_state, critic))  # multi-process: global only
+  tree = ts.to_global(_state_tree(state, aux))  # multi-process: global only
   try:
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                             meta=ocp.args.JsonSave(meta)), force=True)
@@ -645,13 +662,11 @@ def _set_aside(mngr, step: int) -> str:
   return dst
 
 
-def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
-                       credit_state=None, critic=None):
+def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict, aux=None):
   """(state, meta) from the newest intact checkpoint, or (None, None) if there is none;
-  refuses another config's. With a `credit_state` template (a stateful estimator's state,
-  shapes and dtypes) it returns (state, meta, credit_state), the last from the checkpoint
-  or, if there is none, the template itself; with a `critic` template (the critic's
-  `TrainState`) it returns (state, meta, credit_state, critic) likewise.
+  refuses another config's. With `aux` templates ({name: pytree or TrainState or None}, as
+  `save_checkpoint` takes them: shapes and dtypes) it returns (state, meta, aux), each entry
+  from the checkpoint or, if there is none, the template itself (None stays None).
 
   A checkpoint that cannot be read (truncated or garbled files, a missing item) is set aside
   as `<step>.corrupt` with a warning naming it, and the one before it is tried: the run
@@ -679,7 +694,7 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
           'Use another --workdir or delete the checkpoints to start over.')
     # Restored with the template's shardings (whatever mesh or process count wrote it).
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                            ts.to_global(_state_tree(template, credit_state, critic)))
+                            ts.to_global(_state_tree(template, aux)))
     try:
       tree = mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract)))['state']
@@ -689,8 +704,9 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
       continue
     state = template.replace(params=tree['params'], opt_state=tree['opt_state'],
                              step=tree['step'], rng=tree['rng'])
-    restored_credit = tree.get('credit_state')
-    restored_critic = (critic.replace(**tree['critic']) if critic is not None else None)
+    restored_aux = {name: (None if value is None else value.replace(**tree[name])
+                           if isinstance(value, ts.TrainState) else tree[name])
+                    for name, value in (aux or {}).items()}
     break
   if bad:
     good = ('starting over (no intact checkpoint)' if state is None
@@ -705,12 +721,9 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict,
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices('treecredit_checkpoint_set_aside')
     mngr.reload()
-  if critic is not None:
-    return (state, meta, restored_credit if state is not None else credit_state,
-            restored_critic if state is not None else critic)
-  if credit_state is None:
+  if aux is None:
     return state, meta
-  return state, meta, (restored_credit if state is not None else credit_state)
+  return state, meta, (restored_aux if state is not None else dict(aux))
 
 
 # ----------------------------------------------------------------------------
@@ -859,6 +872,29 @@ def pretrained_start(cfg):
 # RL.
 
 
+def _off_policy_setup(cfg, problem, pool: int, need_replay: bool, run_seed: int):
+  """(replay store or None, None): fixes the problem's prompt pool (`rl.prompt_pool`) and
+  checks what the replay store and the lagged sampler need, with errors naming the field."""
+  if pool:
+    if not hasattr(problem, 'set_pool'):
+      raise ValueError(f'rl.prompt_pool = {pool} needs a JAX task (a fixed pool of its '
+                       f'prompts); task {cfg.task.name!r} draws its own')
+    problem.set_pool(pool, run_seed)
+  if cfg.sampler.name == 'lagged' and hasattr(problem, 'sample'):
+    raise ValueError("sampler 'lagged' samples single-turn responses; multi-turn environments "
+                     "sample with 'iid' or 'tree_turns'")
+  if not need_replay:
+    return None, None
+  if not pool:
+    raise ValueError(f'credit {cfg.credit.name!r} replays stored successes of the same prompt, '
+                     f'which needs prompts that recur: set rl.prompt_pool (e.g. 256)')
+  if cfg.sampler.name not in ('iid', 'lagged'):
+    raise ValueError(f'credit {cfg.credit.name!r} puts a stored response in place of a '
+                     f"group's last one, which needs i.i.d. groups (sampler 'iid' or 'lagged'); "
+                     f'got {cfg.sampler.name!r}')
+  return replay_lib.init_store(pool, problem.response_len, problem.pad_id), None
+
+
 def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: int = 0,
           progress: Optional[bool] = None) -> dict:
   """RL from `init_params` (also the frozen KL reference) for cfg.rl.steps steps.
@@ -902,14 +938,21 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if need_values else (None, None, None))
   mngr = _manager(os.path.join(workdir, 'checkpoints'))
   watchdog.register_checkpoints(os.path.join(workdir, 'checkpoints'))  # named if a peer dies
+  # A finite prompt pool, R3's replay store and off-policy GRPO's lagged behaviour policy
+  # (experiments/training/replay.py): the store and the lagged params are checkpointed.
+  pool, scfg = int(cfg.rl.get('prompt_pool', 0)), cfg.sampler
+  need_replay, lag = 'replay' in needs, int(scfg.lag) if scfg.name == 'lagged' else 0
+  replay_store, behaviour = _off_policy_setup(cfg, problem, pool, need_replay, run_seed)
+  if lag:
+    behaviour = replay_lib.copy_params(state.params)
+  replay_kw = dict(success=float(hparams.get('success', 1.0)),
+                   current=hparams.get('replay_logprobs', 'behaviour') == 'current')
+  restored, meta, aux = restore_checkpoint(mngr, state, fp, flat, dict(
+      credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour))
+  credit_state, critic_state = aux['credit_state'], aux['critic']
+  replay_store, behaviour = aux['replay'], aux['behaviour']
   if need_values:
-    restored, meta, credit_state, critic_state = restore_checkpoint(
-        mngr, state, fp, flat, credit_state, critic_state)
     critic_state = ts.shard_state(critic_state, mesh)
-  elif stateful:
-    restored, meta, credit_state = restore_checkpoint(mngr, state, fp, flat, credit_state)
-  else:
-    restored, meta = restore_checkpoint(mngr, state, fp, flat)
   start, wall0 = 0, 0.0
   if restored is not None:
     state, start, wall0 = restored, meta['rl_step'], meta['wall_s']
@@ -920,8 +963,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   old_rows = writer.rows  # the rows up to the restored step (a torn final line dropped)
   gen_total = max([r.get('generated_tokens_total', 0.0) for r in old_rows] + [0.0])
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
-  scfg, b = cfg.sampler, cfg.rl.prompts_per_step
-  est = credit_fn(cfg.credit.name, hparams_json, scfg.name != 'iid', stateful)
+  b = cfg.rl.prompts_per_step
+  est = credit_fn(cfg.credit.name, hparams_json, scfg.name not in ('iid', 'lagged'), stateful)
   need_ref = loss_cfg.needs_ref or 'ref_logprobs' in needs  # KL loss/reward, APA's anchor
   need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
   need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
@@ -959,7 +1002,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                 method=method)
 
   def checkpoint():  # the train, credit and critic states after `step`, together
-    save_checkpoint(mngr, step, state, meta_now(), credit_state, critic_state)
+    save_checkpoint(mngr, step, state, meta_now(), dict(
+        credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour))
 
   bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
              initial=start, total=cfg.rl.steps, leave=False)
@@ -977,13 +1021,20 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if b % n_dev == 0:
         # Every process drew the whole batch (same key); each feeds its devices' rows.
         prompts, plen = ts.host_batch_to_global((prompts, plen), mesh)
+      if lag and i % lag == 0:  # off-policy GRPO: the behaviour policy catches up
+        behaviour = replay_lib.copy_params(state.params)
+      sampling_params = behaviour if lag else state.params
       if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
         samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw)
       else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
         with jax.set_mesh(mesh) if mesh.size > 1 else contextlib.nullcontext():
-          samples = sample(state.params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
+          samples = sample(sampling_params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
                            prompts, prompt_ids=draw.prompt_ids, prompt_len=plen)
       rewards, reward_metrics = problem.rewards(draw, samples)
+      fresh_rewards, replayed = rewards, None
+      if need_replay:  # R3: a stored success of the prompt into each all-fail group
+        samples, rewards, replayed = replay_lib.inject(replay_store, draw.prompt_ids, samples,
+                                                       rewards, replay_kw['success'])
       rewards.block_until_ready()
       t1 = time.perf_counter()
       packed = None
@@ -994,7 +1045,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       entropy = getattr(samples, 'entropy', None) if need_entropy else None
       tf_entropy = need_entropy and entropy is None  # multi-turn: from a teacher-forced pass
       if cfg.rl.recompute_logprobs:  # teacher-forced: ratio exactly 1 at the first update
-        old_lp = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen,
+        old_lp = rows_logprobs(sampling_params, prompts, samples.tokens, samples.mask, plen,
                                packed, cfg=pcfg, chunks=lp_chunks, with_entropy=tf_entropy)
         if tf_entropy:
           old_lp, entropy = old_lp
@@ -1003,6 +1054,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         if tf_entropy:
           entropy = rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen,
                                   packed, cfg=pcfg, chunks=lp_chunks, with_entropy=True)[1]
+      if replayed is not None:  # replayed rows: their behaviour log-probs, or the current's
+        keep = (rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen, None,
+                              cfg=pcfg, chunks=lp_chunks) if replay_kw['current']
+                else samples.logprobs)
+        old_lp = jnp.where(replayed[..., None], keep, old_lp)
       if tf_entropy and policy_mask is not None:  # the policy's own steps only
         entropy = jnp.where(policy_mask, entropy, 0.0)
       extra = dict(entropy=entropy)
@@ -1066,11 +1122,13 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             critic_state, prompts, plen, samples, extra['values'], train_rewards, process[0],
             policy_mask, mesh, pcfg=pcfg, ccfg=ccfg, gamma_lam=critic_gl)
         critic_s += time.perf_counter() - tc
+      next_store = (replay_lib.update(replay_store, draw.prompt_ids, samples, rewards, replayed,
+                                      replay_kw['success'], i) if need_replay else None)
       state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
-      # `state` is now the state after this step (the old one was donated); the credit and
-      # critic states after it are committed with it, in one statement.
-      step, credit_state, critic_state = (i + 1, next_credit_state if stateful else None,
-                                          next_critic)
+      # `state` is now the state after this step (the old one was donated); the credit,
+      # critic and replay states after it are committed with it, in one statement.
+      step, credit_state, critic_state, replay_store = (
+          i + 1, next_credit_state if stateful else None, next_critic, next_store)
       m.update(cm)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                      interrupted=True)
@@ -1087,11 +1145,15 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         gen = ntok - float(jnp.sum(jnp.where(samples.parent >= 0, jnp.minimum(  # forks' copied
             samples.fork, samples.lengths), 0)))  # prefixes are not generated; i.i.d.: fork 0
         counts = {}
+        if replayed is not None:  # replayed responses were generated at an earlier step
+          gen -= float(jnp.sum(jnp.where(replayed, samples.lengths, 0)))
+          counts = dict(replayed_groups=float(jnp.sum(replayed)))
       gen_total += gen
-      r = ts.host_value(rewards)  # all rows, on every process
+      r = ts.host_value(rewards)  # all rows, on every process (trained: replayed included)
       row = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                  generated_tokens=gen, generated_tokens_total=gen_total, **counts,
-                 reward=float(r.mean()), frac_groups_with_signal=float(np.mean(r.max(-1) > r.min(-1))),
+                 reward=float(ts.host_value(fresh_rewards).mean()),  # this step's samples
+                 frac_groups_with_signal=float(np.mean(r.max(-1) > r.min(-1))),
                  response_len=ntok / r.size, **m,
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,
                  step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),

@@ -1,0 +1,30 @@
+"""Replay credit (issue 23's off-policy family): R³ (#73).
+
+The loop does the replaying (`experiments/training/replay.py`): with `needs=('replay',)` it
+keeps each pool prompt's latest successful response and puts it in place of the last
+response of a group whose responses all failed, with the log-probabilities it was sampled
+with. The estimator then sees a group with signal where GRPO's would be all zero.
+"""
+
+from credit.outcome import grpo
+from credit.registry import register
+from credit.rollouts import Rollouts
+
+
+@register("r3", needs=("replay",))
+def r3(rollouts: Rollouts, success: float = 1.0, replay_logprobs: str = "behaviour",
+       scale_by_std: bool = True, eps: float = 1e-6):
+  """R³ (#73): GRPO over groups into which the loop replayed a stored success of the same
+  prompt when none of their responses reached `success` (the loop reads `success` and
+  `replay_logprobs`: 'behaviour' keeps the replayed response's sampling log-probs as its
+  old log-probs, so the clipped ratio π_θ/π_behaviour corrects for its age; 'current'
+  treats it as on-policy). The advantage is GRPO's on the batch as trained. Readings: the
+  abstract's reflection step and its entropy-ranking reward for failures are not part of
+  this estimator; one replayed response per all-fail group, the prompt's newest success.
+  Returns float32 [..., G, L].
+  """
+  if replay_logprobs not in ("behaviour", "current"):
+    raise ValueError(f"r3 replay_logprobs must be 'behaviour' or 'current'; got "
+                     f"{replay_logprobs!r}.")
+  del success  # read by the loop
+  return grpo(rollouts, scale_by_std=scale_by_std, eps=eps)

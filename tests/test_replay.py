@@ -1,0 +1,159 @@
+"""The prompt pool, R3's replay store and off-policy GRPO's lagged sampler
+(experiments/training/replay.py, issue 23): inject/update against a plain-Python reference,
+the loop's use of them, exact resume with the store and the lagged params checkpointed, and
+lag 1 = on-policy GRPO."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.rollouts.sampling import Samples
+from experiments.training import loop, replay
+from tests.test_loop import quick_cfg, strip
+
+B, G, L, N = 4, 3, 5, 6
+
+
+def random_batch(seed):
+  rng = np.random.default_rng(seed)
+  mask = np.arange(L) < rng.integers(1, L + 1, (B, G, 1))
+  samples = Samples(tokens=rng.integers(0, 9, (B, G, L)).astype(np.int32),
+                    logprobs=-rng.random((B, G, L)).astype(np.float32),
+                    entropy=rng.random((B, G, L)).astype(np.float32), mask=mask,
+                    parent=np.full((B, G), -1, np.int32), fork=np.zeros((B, G), np.int32))
+  rewards = (rng.random((B, G)) < 0.3).astype(np.float32)
+  store = replay.init_store(N, L, 14)
+  has = rng.random(N) < 0.6
+  store = store.replace(tokens=jnp.asarray(rng.integers(0, 9, (N, L)), jnp.int32),
+                        mask=jnp.asarray(np.arange(L) < rng.integers(1, L + 1, (N, 1))),
+                        logprobs=jnp.asarray(-rng.random((N, L)), jnp.float32),
+                        entropy=jnp.asarray(rng.random((N, L)), jnp.float32),
+                        reward=jnp.ones(N), has=jnp.asarray(has))
+  ids = rng.permutation(N)[:B].astype(np.int32)
+  return samples, rewards, store, ids
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_inject_and_update_match_reference(seed):
+  samples, rewards, store, ids = random_batch(seed)
+  got, got_r, replayed = replay.inject(store, ids, samples, rewards, 1.0)
+  st = jax.tree.map(np.asarray, store)
+  for b in range(B):
+    use = rewards[b].max() < 1.0 and st.has[ids[b]]
+    for g in range(G):
+      src = (st.tokens[ids[b]], st.mask[ids[b]], st.logprobs[ids[b]], st.entropy[ids[b]]) if (
+          use and g == G - 1) else (samples.tokens[b, g], samples.mask[b, g],
+                                    samples.logprobs[b, g], samples.entropy[b, g])
+      for x, want in zip((got.tokens, got.mask, got.logprobs, got.entropy), src):
+        np.testing.assert_array_equal(np.asarray(x)[b, g], want)
+      assert bool(replayed[b, g]) == (use and g == G - 1)
+      assert float(got_r[b, g]) == (1.0 if use and g == G - 1 else rewards[b, g])
+  new = jax.tree.map(np.asarray, replay.update(store, ids, got, got_r, replayed, 1.0, 7))
+  for p in range(N):
+    if p not in ids:
+      for name in ('tokens', 'mask', 'has', 'step'):
+        np.testing.assert_array_equal(getattr(new, name)[p], getattr(st, name)[p])
+      continue
+    b = int(np.flatnonzero(ids == p)[0])
+    fresh = [g for g in range(G) if got_r[b, g] >= 1.0 and not replayed[b, g]]
+    if fresh:  # the group's first fresh success is stored, at step 7
+      np.testing.assert_array_equal(new.tokens[p], np.asarray(got.tokens)[b, fresh[0]])
+      np.testing.assert_array_equal(new.logprobs[p], np.asarray(got.logprobs)[b, fresh[0]])
+      assert new.has[p] and new.step[p] == 7
+    else:
+      np.testing.assert_array_equal(new.tokens[p], st.tokens[p])
+      assert new.has[p] == st.has[p] and new.step[p] == st.step[p]
+
+
+def test_pool_draws_distinct_prompts_of_the_pool():
+  cfg = quick_cfg()
+  problem = loop.JaxProblem(cfg)
+  problem.set_pool(16, 3)
+  d = problem.draw(jax.random.key(1), 5, 8)
+  ids = np.asarray(d.prompt_ids)
+  assert len(set(ids.tolist())) == 8 and ids.max() < 16
+  np.testing.assert_array_equal(np.asarray(d.prompts), np.asarray(problem.pool[0])[ids])
+  with pytest.raises(ValueError, match='prompt_pool'):
+    problem.draw(jax.random.key(1), 5, 17)
+
+
+@pytest.fixture(scope='module')
+def warm(tmp_path_factory):
+  """One-digit scratch_add after a short SFT: about half the responses are right, so some
+  groups all fail and some prompt of the pool has a stored success to replay."""
+  cfg = quick_cfg(default_task=True)
+  cfg.task.kwargs = {'num_digits': 1}
+  cfg.sft.steps = 300
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 4, 2, 2
+  cfg.rl.prompt_pool = 8  # = prompts_per_step: every prompt comes back every step
+  params, info = loop.sft(cfg, str(tmp_path_factory.mktemp('sft')))
+  assert 0.05 < info['greedy_acc'] < 0.95, info
+  return cfg, params
+
+
+def _run_rows(cfg, path, params, method):
+  run(cfg, path, params, method)
+  return path / 'metrics.jsonl'
+
+
+def run(cfg, path, params, method, steps=None):
+  c = cfg.copy_and_resolve_references()
+  if steps is not None:
+    c.rl.steps = steps
+  return loop.train(c, str(path), params, method=method)
+
+
+@pytest.mark.parametrize('method', ['r3:iid', 'grpo:lagged'])
+def test_resume_restores_the_replay_store_and_the_lagged_policy(warm, tmp_path, method):
+  cfg, p0 = warm
+  cfg = cfg.copy_and_resolve_references()
+  cfg.sampler.lag = 3  # resumed at step 2: the behaviour policy is step 0's, from the checkpoint
+  straight = run(cfg, tmp_path / 'a', p0, method)
+  run(cfg, tmp_path / 'b', p0, method, steps=2)
+  resumed = run(cfg, tmp_path / 'b', p0, method)
+  for x, y in zip(jax.tree.leaves(straight['params']), jax.tree.leaves(resumed['params'])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  rows = loop.read_metrics(tmp_path / 'a' / 'metrics.jsonl')
+  assert strip(rows) == strip(loop.read_metrics(tmp_path / 'b' / 'metrics.jsonl'))
+  if method == 'r3:iid':  # the store was used, and replayed responses are not "generated"
+    train = [r for r in rows if 'reward' in r]
+    assert sum(r['replayed_groups'] for r in train) > 0
+    assert all(r['generated_tokens'] < r['response_len'] * 8 * 4 for r in train
+               if r['replayed_groups'] > 0)
+
+
+def test_lag_one_is_on_policy_grpo_and_a_longer_lag_samples_the_old_policy(warm, tmp_path,
+                                                                          monkeypatch):
+  cfg, p0 = warm
+  cfg = cfg.copy_and_resolve_references()
+  iid = strip(loop.read_metrics(_run_rows(cfg, tmp_path / 'iid', p0, 'grpo:iid')))
+  cfg.sampler.lag = 1
+  lag1 = strip(loop.read_metrics(_run_rows(cfg, tmp_path / 'lag1', p0, 'grpo:lagged')))
+  same = lambda rows: [{k: v for k, v in r.items() if k != 'method'} for r in rows]
+  assert same(lag1) == same(iid)
+  # lag 3: steps 0-2 sample with the initial policy, step 3 with the policy after 3 updates.
+  seen, real = [], loop.sample
+  monkeypatch.setattr(loop, 'sample', lambda params, *a, **k: (
+      seen.append(jax.tree.map(np.asarray, params)), real(params, *a, **k))[1])
+  cfg.sampler.lag = 3
+  out = run(cfg, tmp_path / 'lag3', p0, 'grpo:lagged')
+  assert len(seen) == 4
+  equal = lambda x, y: all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(x),
+                                                                 jax.tree.leaves(y)))
+  assert all(equal(seen[i], p0) for i in range(3))
+  assert not equal(seen[3], p0) and not equal(out['params'], p0)
+
+
+def test_replay_and_lag_refuse_what_they_cannot_do(warm, tmp_path):
+  cfg, p0 = warm
+  no_pool = cfg.copy_and_resolve_references()
+  no_pool.rl.prompt_pool = 0
+  with pytest.raises(ValueError, match='rl.prompt_pool'):
+    run(no_pool, tmp_path / 'x', p0, 'r3:iid')
+  with pytest.raises(ValueError, match="i.i.d. groups"):
+    run(cfg, tmp_path / 'y', p0, 'r3:tree_entropy')
+  with pytest.raises(ValueError, match="replay_logprobs"):
+    bad = cfg.copy_and_resolve_references()
+    bad.credit.hparams = {'replay_logprobs': 'stale'}
+    run(bad, tmp_path / 'z', p0, 'r3:iid')
