@@ -1,0 +1,15 @@
+"""Turn-level normalisation for agents (issue 23): MT-GRPO (#17), MAPO for dialogue (#6) and
+MemoPilot (#42) vs GRPO on household, `configs.agents.paper`'s budget (expert warm start, 30
+RL steps x 16 start states x G = 8), 5 seeds, paired intervals at matched environment steps.
+Household pays only on the solving turn, so here the turn terms normalise that one reward by
+turn position (MT-GRPO's turn term is non-zero on final turns only); the exact-MDP and
+Sokoban credit-accuracy rows (experiments/agent_credit_quality.py) have per-step rewards.
+"""
+
+from configs import agents
+
+
+def get_config():
+  c = agents.paper('grpo:iid,mt_grpo:iid,mapo_turns:iid,memopilot:iid')
+  c.seeds = (0, 1, 2, 3, 4)
+  return c
