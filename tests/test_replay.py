@@ -157,3 +157,17 @@ def test_replay_and_lag_refuse_what_they_cannot_do(warm, tmp_path):
     bad = cfg.copy_and_resolve_references()
     bad.credit.hparams = {'replay_logprobs': 'stale'}
     run(bad, tmp_path / 'z', p0, 'r3:iid')
+
+
+def test_replay_family_script_runs_quick(tmp_path):
+  from configs import replay as replay_config
+  from configs import tempo as tempo_config
+  from experiments.training import compare
+  cfg = tempo_config.shrink(replay_config.get_config(), defaults=replay_config.get_config())
+  cfg.quick, cfg.progress = False, False
+  cfg.rl.steps, cfg.eval.every = 2, 2
+  summary = compare.run_experiment(cfg, str(tmp_path))
+  assert sorted(summary['methods']) == ['grpo:iid', 'grpo:lagged', 'r3:iid']
+  for m in summary['methods']:
+    rows = loop.read_metrics(tmp_path / m.replace(':', '_') / 'seed0' / 'metrics.jsonl')
+    assert [r['step'] for r in rows] == [0, 1, 2] and all(np.isfinite(r['loss']) for r in rows[1:])

@@ -103,3 +103,16 @@ def test_registered_token_level_on_action_tokens():
     got = np.asarray(credit.get(name)(r))
     np.testing.assert_allclose(got[:, 1::2], np.asarray(fn(turns)), atol=1e-6)
     assert np.all(got[:, ::2] == 0)
+
+
+def test_turn_norm_family_script_runs_quick(tmp_path):
+  from configs import agents as agents_config
+  from configs import turn_norm as turn_norm_config
+  from experiments.training import compare, loop
+  cfg = agents_config.shrink(turn_norm_config.get_config(), turn_norm_config.get_config())
+  cfg.progress = False
+  cfg.methods = 'grpo:iid,mt_grpo:iid'  # the family's estimators share the `turns` plumbing
+  summary = compare.run_experiment(cfg, str(tmp_path))
+  assert sorted(summary['methods']) == ['grpo:iid', 'mt_grpo:iid']
+  rows = loop.read_metrics(tmp_path / 'mt_grpo_iid' / 'seed0' / 'metrics.jsonl')
+  assert all(np.isfinite(r['loss']) and 0 <= r['success'] <= 1 for r in rows if 'reward' in r)
