@@ -201,11 +201,28 @@ def test_critic_quality_script_runs(tmp_path):
   import json
   from experiments import critic_quality
   s = critic_quality.main(['--budgets', '256', '--seeds', '1', '--eval_prompts', '16',
-                           '--group_size', '4', '--workdir', str(tmp_path)])
+                           '--group_size', '4', '--targets', 'returns,tree',
+                           '--workdir', str(tmp_path)])
   assert set(s['nonparametric']) == set(critic_quality.NONPARAMETRIC)
-  assert list(s['critic']) == [256]
+  assert list(s['critic']) == [256] and list(s['critic_tree']) == [256]
   assert all(np.isfinite(m['corr'][0]) for m in s['nonparametric'].values())
   assert np.isfinite(s['critic'][256]['corr'][0])
   saved = json.load(open(tmp_path / 'critic_quality.json'))
   assert saved['runs'][0]['critic']['256']['tokens'] > 0
   assert (tmp_path / 'critic_quality.png').exists()
+
+
+def test_critic_quality_tree_labels_are_prefix_means():
+  """The 'tree' critic labels: V(s_t) = mean reward of the group's responses that share the
+  first t tokens (plain loops over one random group)."""
+  from experiments import critic_quality
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 2, (1, 6, 4)).astype(np.int32)
+  mask = np.arange(4) < rng.integers(1, 5, (1, 6, 1))
+  rewards = rng.random((1, 6)).astype(np.float32)
+  got = np.asarray(critic_quality._tree_targets(tokens, mask, rewards))[0]
+  for g in range(6):
+    for t in range(int(mask[0, g].sum())):
+      same = [h for h in range(6) if mask[0, h, :t].sum() == t and mask[0, h].sum() >= t
+              and (tokens[0, h, :t] == tokens[0, g, :t]).all()]
+      np.testing.assert_allclose(got[g, t], np.mean(rewards[0, same]), rtol=1e-6)
