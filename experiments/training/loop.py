@@ -873,8 +873,9 @@ def pretrained_start(cfg):
 
 
 def _off_policy_setup(cfg, problem, pool: int, need_replay: bool, run_seed: int):
-  """(replay store or None, None): fixes the problem's prompt pool (`rl.prompt_pool`) and
-  checks what the replay store and the lagged sampler need, with errors naming the field."""
+  """The empty replay store (None unless the estimator needs replay): fixes the problem's
+  prompt pool (`rl.prompt_pool`) and checks what the replay store and the lagged sampler
+  need, with errors naming the field."""
   if pool:
     if not hasattr(problem, 'set_pool'):
       raise ValueError(f'rl.prompt_pool = {pool} needs a JAX task (a fixed pool of its '
@@ -884,7 +885,7 @@ def _off_policy_setup(cfg, problem, pool: int, need_replay: bool, run_seed: int)
     raise ValueError("sampler 'lagged' samples single-turn responses; multi-turn environments "
                      "sample with 'iid' or 'tree_turns'")
   if not need_replay:
-    return None, None
+    return None
   if not pool:
     raise ValueError(f'credit {cfg.credit.name!r} replays stored successes of the same prompt, '
                      f'which needs prompts that recur: set rl.prompt_pool (e.g. 256)')
@@ -892,7 +893,7 @@ def _off_policy_setup(cfg, problem, pool: int, need_replay: bool, run_seed: int)
     raise ValueError(f'credit {cfg.credit.name!r} puts a stored response in place of a '
                      f"group's last one, which needs i.i.d. groups (sampler 'iid' or 'lagged'); "
                      f'got {cfg.sampler.name!r}')
-  return replay_lib.init_store(pool, problem.response_len, problem.pad_id), None
+  return replay_lib.init_store(pool, problem.response_len, problem.pad_id)
 
 
 def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: int = 0,
@@ -942,9 +943,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   # (experiments/training/replay.py): the store and the lagged params are checkpointed.
   pool, scfg = int(cfg.rl.get('prompt_pool', 0)), cfg.sampler
   need_replay, lag = 'replay' in needs, int(scfg.lag) if scfg.name == 'lagged' else 0
-  replay_store, behaviour = _off_policy_setup(cfg, problem, pool, need_replay, run_seed)
-  if lag:
-    behaviour = replay_lib.copy_params(state.params)
+  replay_store = _off_policy_setup(cfg, problem, pool, need_replay, run_seed)
+  behaviour = replay_lib.copy_params(state.params) if lag else None
   replay_kw = dict(success=float(hparams.get('success', 1.0)),
                    current=hparams.get('replay_logprobs', 'behaviour') == 'current')
   restored, meta, aux = restore_checkpoint(mngr, state, fp, flat, dict(

@@ -20,8 +20,6 @@ then, and checkpointed with the run), so every update but the first of each v is
 off-policy, corrected by the clipped importance ratio.
 """
 
-import functools
-
 import flax
 import jax
 import jax.numpy as jnp
@@ -103,7 +101,7 @@ def update(store: ReplayStore, prompt_ids, samples, rewards, replayed, success, 
                      step=put(store.step, jnp.full(got.shape, step, jnp.int32)))
 
 
-@functools.partial(jax.jit, donate_argnums=())
+@jax.jit
 def copy_params(params):
   """A copy of the policy's params (the lagged behaviour policy; the train step donates its
   own buffers)."""
