@@ -33,7 +33,6 @@ import numpy as np
 
 import credit
 import envs
-import trees
 from experiments import credit_quality as cq
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
@@ -70,12 +69,6 @@ def run_seed(task, seed: int, budgets, group_size: int, eval_prompts: int, lr: f
   return out
 
 
-@jax.jit
-def _tree_targets(tokens, mask, rewards):
-  """TEMPO's V(s_t) [B, G, L] of each training group (the critic's 'tree' labels)."""
-  return trees.prefix_values(trees.build(tokens, mask), rewards)[0]
-
-
 def _train_and_score(task, key, seed, budgets, group_size, lr, target, score, prompts, tokens,
                      rewards):
   """{rollouts seen: metrics} of a fresh critic regressing `target` labels."""
@@ -97,7 +90,7 @@ def _train_and_score(task, key, seed, budgets, group_size, lr, target, score, pr
                                         group_size)
       n = TRAIN_PROMPTS * group_size
       labels = (jnp.where(mk, rw[..., None], 0.0) if target == "returns"
-                else _tree_targets(tk, mk, rw))
+                else critic_lib.tree_targets(tk, mk, rw))
       batch = critic_lib.CriticBatch(
           prompts=jnp.repeat(p, group_size, 0), tokens=tk.reshape(n, -1), mask=mk.reshape(n, -1),
           old_values=jnp.zeros(mk.reshape(n, -1).shape, jnp.float32),

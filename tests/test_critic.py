@@ -212,17 +212,29 @@ def test_critic_quality_script_runs(tmp_path):
   assert (tmp_path / 'critic_quality.png').exists()
 
 
-def test_critic_quality_tree_labels_are_prefix_means():
-  """The 'tree' critic labels: V(s_t) = mean reward of the group's responses that share the
+def test_tree_targets_are_prefix_means():
+  """The critic's 'tree' labels (loop and critic_quality): V(s_t) = mean reward of the group's responses that share the
   first t tokens (plain loops over one random group)."""
-  from experiments import critic_quality
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 2, (1, 6, 4)).astype(np.int32)
   mask = np.arange(4) < rng.integers(1, 5, (1, 6, 1))
   rewards = rng.random((1, 6)).astype(np.float32)
-  got = np.asarray(critic_quality._tree_targets(tokens, mask, rewards))[0]
+  got = np.asarray(critic_lib.tree_targets(tokens, mask, rewards))[0]
   for g in range(6):
     for t in range(int(mask[0, g].sum())):
       same = [h for h in range(6) if mask[0, h, :t].sum() == t and mask[0, h].sum() >= t
               and (tokens[0, h, :t] == tokens[0, g, :t]).all()]
       np.testing.assert_allclose(got[g, t], np.mean(rewards[0, same]), rtol=1e-6)
+
+
+def test_critic_targets_option_keeps_old_fingerprints_and_refuses_unknown():
+  from configs import ppo as ppo_config
+  from experiments.training import loop
+  base, tree = ppo_config.get_config(), ppo_config.get_config('tree')
+  assert base.critic.targets == 'td_lambda' and tree.critic.targets == 'tree'
+  fp = lambda c: loop.fingerprint(loop.run_config(loop.with_method(c, 'ppo:iid'), 0))[0]
+  old = base.copy_and_resolve_references()
+  del old.critic['targets']  # a config from before the option
+  assert fp(base) == fp(old) and fp(tree) != fp(base)
+  with pytest.raises(ValueError, match='critic targets'):
+    critic_lib.CriticConfig(targets='returns')

@@ -33,9 +33,13 @@ import optax
 from flax import struct
 
 import credit
+import trees
 from credit.returns import outcome_token_rewards, td_lambda_returns
 from experiments.models import decoder
 from experiments.training import train_step as ts
+
+
+TARGETS = ('td_lambda', 'tree')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +50,13 @@ class CriticConfig:
   num_epochs: int = 1               # verl critic.ppo_epochs
   num_minibatches: int = 1
   num_microbatches: int = 1
+  # The regression targets: 'td_lambda' (verl's returns A^GAE + V) or 'tree' (TEMPO's
+  # prefix-tree values V(s_t) of the step's groups: a process value model on tree labels).
+  targets: str = 'td_lambda'
 
   def __post_init__(self):
+    if self.targets not in TARGETS:
+      raise ValueError(f'critic targets {self.targets!r}; valid: {", ".join(TARGETS)}')
     if self.agg not in ts.AGG_MODES:
       raise ValueError(f'critic agg {self.agg!r}; valid: {", ".join(ts.AGG_MODES)}')
     if not self.cliprange_value >= 0:
@@ -128,6 +137,15 @@ def targets(rewards, values_, mask, token_rewards=None, gamma: float = 1.0, lam:
   return td_lambda_returns(outcome_token_rewards(r), values_, mask, gamma, lam)
 
 
+@jax.jit
+def tree_targets(tokens, mask, rewards):
+  """float32 [B, G, L]: TEMPO's V(s_t) of each group, the mean outcome of the group's
+  responses that share the first t tokens (`trees.prefix_values`); 0 on masked tokens. The
+  labels of a process value model trained on tree values (issue 24, item 4): lower variance
+  than one response's return, from the same rollouts. Outcome rewards only."""
+  return trees.prefix_values(trees.build(tokens, mask), rewards)[0]
+
+
 def critic_step(state: ts.TrainState, batch: CriticBatch, *, cfg: decoder.PolicyConfig,
                 ccfg: CriticConfig):
   """num_epochs x num_minibatches value-loss updates on one batch of N rows (N must divide
@@ -175,7 +193,7 @@ def group_values(params, prompts, tokens, prompt_len=None, *, cfg):
 
 # The optional `critic` config section (configs/ppo.py); a config without it uses defaults.
 CONFIG_FIELDS = ('lr', 'warmup_steps', 'cliprange_value', 'agg', 'epochs', 'minibatches',
-                 'microbatches')
+                 'microbatches', 'targets')
 
 
 def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
@@ -191,7 +209,8 @@ def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
       cliprange_value=float(get('cliprange_value', 0.5)), agg=get('agg', 'token-mean'),
       num_epochs=int(get('epochs', cfg.loss.num_epochs)),
       num_minibatches=int(get('minibatches', cfg.loss.num_minibatches)),
-      num_microbatches=int(get('microbatches', cfg.loss.num_microbatches)))
+      num_microbatches=int(get('microbatches', cfg.loss.num_microbatches)),
+      targets=get('targets', 'td_lambda'))
   tx = ts.make_optimizer(float(get('lr', o.lr)), int(get('warmup_steps', o.warmup_steps)),
                          o.weight_decay, o.grad_clip, o.b1, o.b2)
   state = ts.shard_state(init_state(init_params, pcfg, tx, seed=run_seed + 1), mesh)
@@ -205,10 +224,12 @@ def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
 def update_on_samples(critic_state, prompts, plen, samples, values, rewards, token_rewards,
                       policy_mask, mesh, *, pcfg, ccfg, gamma_lam):
   """One critic update on this step's rollouts: TD(λ) targets from `values` (the critic's
-  before the update, also the clipping anchor), on the trained tokens. Returns (state,
+  before the update, also the clipping anchor), or with `ccfg.targets == 'tree'` the prefix
+  tree's values of each group (`tree_targets`), on the trained tokens. Returns (state,
   {'critic/vf_loss', 'critic/vf_clipfrac', 'critic/vpred_mean', 'critic/grad_norm'})."""
   b, g, l = samples.tokens.shape
-  returns = targets(rewards, values, samples.mask, token_rewards, *gamma_lam)
+  returns = (tree_targets(samples.tokens, samples.mask, rewards) if ccfg.targets == 'tree'
+             else targets(rewards, values, samples.mask, token_rewards, *gamma_lam))
   mask = samples.mask if policy_mask is None else samples.mask & policy_mask
   flat = lambda x: x.reshape(b * g, l)
   batch = CriticBatch(prompts=jnp.repeat(prompts, g, axis=0), tokens=flat(samples.tokens),
