@@ -1,6 +1,6 @@
-"""Off-policy and replay (issue 23): R³ (#73: a stored success replayed into all-fail groups)
-and off-policy GRPO (#63: sampling from the policy of the last multiple of sampler.lag = 4
-steps) vs GRPO, i.i.d. groups of 8, on scratch_add with a fixed pool of 256 training prompts
+"""Off-policy and replay (issue 23): R³ (#73: a stored success replayed into all-fail groups),
+AVATAR's replay (#34: also a stored failure into all-success groups) and off-policy GRPO
+(#63: sampling from the policy of the last multiple of sampler.lag = 4 steps) vs GRPO, i.i.d. groups of 8, on scratch_add with a fixed pool of 256 training prompts
 per seed (rl.prompt_pool; every method, GRPO included, trains on the same pool, so each
 prompt recurs about 10 times in 40 steps). `configs.tempo.family`'s budget otherwise: 5
 seeds, matched generated tokens (replayed responses are not counted as generated).
@@ -10,6 +10,6 @@ from configs import tempo
 
 
 def get_config():
-  c = tempo.family('r3:iid,grpo:lagged')
+  c = tempo.family('r3:iid,avatar:iid,grpo:lagged')
   c.rl.prompt_pool = 256
   return c

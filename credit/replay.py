@@ -1,9 +1,10 @@
-"""Replay credit (issue 23's off-policy family): R³ (#73).
+"""Replay credit (issue 23's off-policy family): R³ (#73) and AVATAR's replay (#34).
 
 The loop does the replaying (`experiments/training/replay.py`): with `needs=('replay',)` it
-keeps each pool prompt's latest successful response and puts it in place of the last
+keeps each pool prompt's newest successful response and puts it in place of the last
 response of a group whose responses all failed, with the log-probabilities it was sampled
-with. The estimator then sees a group with signal where GRPO's would be all zero.
+with; with `'replay_failures'` too, it keeps the newest failure and puts it into groups that
+all succeeded. The estimator then sees a group with signal where GRPO's would be all zero.
 """
 
 from credit.outcome import grpo
@@ -28,3 +29,18 @@ def r3(rollouts: Rollouts, success: float = 1.0, replay_logprobs: str = "behavio
                      f"{replay_logprobs!r}.")
   del success  # read by the loop
   return grpo(rollouts, scale_by_std=scale_by_std, eps=eps)
+
+
+@register("avatar", needs=("replay", "replay_failures"))
+def avatar(rollouts: Rollouts, success: float = 1.0, replay_logprobs: str = "behaviour",
+           scale_by_std: bool = True, eps: float = 1e-6):
+  """AVATAR's off-policy replay (#34): "reusing past experiences with greater reward
+  diversity" to resolve vanishing advantages, read as two-sided replay: a group whose
+  responses all failed gets the prompt's newest stored success (as `r3`), and a group whose
+  responses all succeeded gets its newest stored failure, each with its behaviour log-probs
+  (the loop reads `success`, `replay_logprobs`). GRPO on the batch as trained. Not part of
+  it: Temporal Advantage Shaping (the abstract does not say which phases it upweights).
+  Returns float32 [..., G, L].
+  """
+  return r3(rollouts, success=success, replay_logprobs=replay_logprobs,
+            scale_by_std=scale_by_std, eps=eps)

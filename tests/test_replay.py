@@ -22,48 +22,59 @@ def random_batch(seed):
                     logprobs=-rng.random((B, G, L)).astype(np.float32),
                     entropy=rng.random((B, G, L)).astype(np.float32), mask=mask,
                     parent=np.full((B, G), -1, np.int32), fork=np.zeros((B, G), np.int32))
-  rewards = (rng.random((B, G)) < 0.3).astype(np.float32)
+  rewards = (rng.random((B, G)) < rng.choice([0.1, 0.5, 0.9])).astype(np.float32)
+  rewards[0] = 0.0  # one all-fail and one all-success group in every draw
+  rewards[1] = 1.0
   store = replay.init_store(N, L, 14)
-  has = rng.random(N) < 0.6
-  store = store.replace(tokens=jnp.asarray(rng.integers(0, 9, (N, L)), jnp.int32),
-                        mask=jnp.asarray(np.arange(L) < rng.integers(1, L + 1, (N, 1))),
-                        logprobs=jnp.asarray(-rng.random((N, L)), jnp.float32),
-                        entropy=jnp.asarray(rng.random((N, L)), jnp.float32),
-                        reward=jnp.ones(N), has=jnp.asarray(has))
+  store = store.replace(tokens=jnp.asarray(rng.integers(0, 9, (N, 2, L)), jnp.int32),
+                        mask=jnp.asarray(np.arange(L) < rng.integers(1, L + 1, (N, 2, 1))),
+                        logprobs=jnp.asarray(-rng.random((N, 2, L)), jnp.float32),
+                        entropy=jnp.asarray(rng.random((N, 2, L)), jnp.float32),
+                        reward=jnp.asarray(np.tile([1.0, 0.0], (N, 1)), jnp.float32),
+                        has=jnp.asarray(rng.random((N, 2)) < 0.6))
   ids = rng.permutation(N)[:B].astype(np.int32)
   return samples, rewards, store, ids
 
 
-@pytest.mark.parametrize('seed', range(6))
-def test_inject_and_update_match_reference(seed):
+@pytest.mark.parametrize('two_sided', [False, True])
+@pytest.mark.parametrize('seed', range(4))
+def test_inject_and_update_match_reference(seed, two_sided):
   samples, rewards, store, ids = random_batch(seed)
-  got, got_r, replayed = replay.inject(store, ids, samples, rewards, 1.0)
+  got, got_r, replayed = replay.inject(store, ids, samples, rewards, 1.0, two_sided)
   st = jax.tree.map(np.asarray, store)
   for b in range(B):
-    use = rewards[b].max() < 1.0 and st.has[ids[b]]
+    slot = 0 if rewards[b].max() < 1.0 else 1
+    lacks = rewards[b].max() < 1.0 or (two_sided and rewards[b].min() >= 1.0)
+    use = lacks and st.has[ids[b], slot]
     for g in range(G):
-      src = (st.tokens[ids[b]], st.mask[ids[b]], st.logprobs[ids[b]], st.entropy[ids[b]]) if (
-          use and g == G - 1) else (samples.tokens[b, g], samples.mask[b, g],
-                                    samples.logprobs[b, g], samples.entropy[b, g])
+      mine = use and g == G - 1
+      src = ((st.tokens[ids[b], slot], st.mask[ids[b], slot], st.logprobs[ids[b], slot],
+              st.entropy[ids[b], slot]) if mine else
+             (samples.tokens[b, g], samples.mask[b, g], samples.logprobs[b, g],
+              samples.entropy[b, g]))
       for x, want in zip((got.tokens, got.mask, got.logprobs, got.entropy), src):
         np.testing.assert_array_equal(np.asarray(x)[b, g], want)
-      assert bool(replayed[b, g]) == (use and g == G - 1)
-      assert float(got_r[b, g]) == (1.0 if use and g == G - 1 else rewards[b, g])
-  new = jax.tree.map(np.asarray, replay.update(store, ids, got, got_r, replayed, 1.0, 7))
+      assert bool(replayed[b, g]) == mine
+      assert float(got_r[b, g]) == (st.reward[ids[b], slot] if mine else rewards[b, g])
+  new = jax.tree.map(np.asarray, replay.update(store, ids, got, got_r, replayed, 1.0, 7,
+                                               two_sided))
   for p in range(N):
-    if p not in ids:
-      for name in ('tokens', 'mask', 'has', 'step'):
-        np.testing.assert_array_equal(getattr(new, name)[p], getattr(st, name)[p])
-      continue
-    b = int(np.flatnonzero(ids == p)[0])
-    fresh = [g for g in range(G) if got_r[b, g] >= 1.0 and not replayed[b, g]]
-    if fresh:  # the group's first fresh success is stored, at step 7
-      np.testing.assert_array_equal(new.tokens[p], np.asarray(got.tokens)[b, fresh[0]])
-      np.testing.assert_array_equal(new.logprobs[p], np.asarray(got.logprobs)[b, fresh[0]])
-      assert new.has[p] and new.step[p] == 7
-    else:
-      np.testing.assert_array_equal(new.tokens[p], st.tokens[p])
-      assert new.has[p] == st.has[p] and new.step[p] == st.step[p]
+    for slot in (0, 1):
+      if p not in ids or (slot == 1 and not two_sided):
+        for name in ('tokens', 'mask', 'has', 'step'):
+          np.testing.assert_array_equal(getattr(new, name)[p, slot], getattr(st, name)[p, slot])
+        continue
+      b = int(np.flatnonzero(ids == p)[0])
+      fresh = [g for g in range(G) if (got_r[b, g] >= 1.0) == (slot == 0) and not replayed[b, g]]
+      if fresh:  # the group's first fresh success (failure) is stored, at step 7
+        np.testing.assert_array_equal(new.tokens[p, slot], np.asarray(got.tokens)[b, fresh[0]])
+        np.testing.assert_array_equal(new.logprobs[p, slot],
+                                      np.asarray(got.logprobs)[b, fresh[0]])
+        assert new.has[p, slot] and new.step[p, slot] == 7
+        assert new.reward[p, slot] == got_r[b, fresh[0]]
+      else:
+        np.testing.assert_array_equal(new.tokens[p, slot], st.tokens[p, slot])
+        assert new.has[p, slot] == st.has[p, slot] and new.step[p, slot] == st.step[p, slot]
 
 
 def test_pool_draws_distinct_prompts_of_the_pool():
@@ -104,7 +115,7 @@ def run(cfg, path, params, method, steps=None):
   return loop.train(c, str(path), params, method=method)
 
 
-@pytest.mark.parametrize('method', ['r3:iid', 'grpo:lagged'])
+@pytest.mark.parametrize('method', ['r3:iid', 'avatar:iid', 'grpo:lagged'])
 def test_resume_restores_the_replay_store_and_the_lagged_policy(warm, tmp_path, method):
   cfg, p0 = warm
   cfg = cfg.copy_and_resolve_references()
@@ -116,7 +127,7 @@ def test_resume_restores_the_replay_store_and_the_lagged_policy(warm, tmp_path, 
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   rows = loop.read_metrics(tmp_path / 'a' / 'metrics.jsonl')
   assert strip(rows) == strip(loop.read_metrics(tmp_path / 'b' / 'metrics.jsonl'))
-  if method == 'r3:iid':  # the store was used, and replayed responses are not "generated"
+  if method != 'grpo:lagged':  # the store was used, and replayed responses are not "generated"
     train = [r for r in rows if 'reward' in r]
     assert sum(r['replayed_groups'] for r in train) > 0
     assert all(r['generated_tokens'] < r['response_len'] * 8 * 4 for r in train
@@ -167,7 +178,7 @@ def test_replay_family_script_runs_quick(tmp_path):
   cfg.quick, cfg.progress = False, False
   cfg.rl.steps, cfg.eval.every = 2, 2
   summary = compare.run_experiment(cfg, str(tmp_path))
-  assert sorted(summary['methods']) == ['grpo:iid', 'grpo:lagged', 'r3:iid']
+  assert sorted(summary['methods']) == ['avatar:iid', 'grpo:iid', 'grpo:lagged', 'r3:iid']
   for m in summary['methods']:
     rows = loop.read_metrics(tmp_path / m.replace(':', '_') / 'seed0' / 'metrics.jsonl')
     assert [r['step'] for r in rows] == [0, 1, 2] and all(np.isfinite(r['loss']) for r in rows[1:])

@@ -948,7 +948,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   replay_store = _off_policy_setup(cfg, problem, pool, need_replay, run_seed)
   behaviour = replay_lib.copy_params(state.params) if lag else None
   replay_kw = dict(success=float(hparams.get('success', 1.0)),
-                   current=hparams.get('replay_logprobs', 'behaviour') == 'current')
+                   two_sided='replay_failures' in needs)
+  replay_current = hparams.get('replay_logprobs', 'behaviour') == 'current'
   restored, meta, aux = restore_checkpoint(mngr, state, fp, flat, dict(
       credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour))
   credit_state, critic_state = aux['credit_state'], aux['critic']
@@ -1034,9 +1035,9 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                            prompts, prompt_ids=draw.prompt_ids, prompt_len=plen)
       rewards, reward_metrics = problem.rewards(draw, samples)
       fresh_rewards, replayed = rewards, None
-      if need_replay:  # R3: a stored success of the prompt into each all-fail group
+      if need_replay:  # R3 / AVATAR: a stored response of the prompt into each collapsed group
         samples, rewards, replayed = replay_lib.inject(replay_store, draw.prompt_ids, samples,
-                                                       rewards, replay_kw['success'])
+                                                       rewards, **replay_kw)
       rewards.block_until_ready()
       t1 = time.perf_counter()
       packed = None
@@ -1058,7 +1059,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                   packed, cfg=pcfg, chunks=lp_chunks, with_entropy=True)[1]
       if replayed is not None:  # replayed rows: their behaviour log-probs, or the current's
         keep = (rows_logprobs(state.params, prompts, samples.tokens, samples.mask, plen, None,
-                              cfg=pcfg, chunks=lp_chunks) if replay_kw['current']
+                              cfg=pcfg, chunks=lp_chunks) if replay_current
                 else samples.logprobs)
         old_lp = jnp.where(replayed[..., None], keep, old_lp)
       if tf_entropy and policy_mask is not None:  # the policy's own steps only
@@ -1125,7 +1126,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             policy_mask, mesh, pcfg=pcfg, ccfg=ccfg, gamma_lam=critic_gl)
         critic_s += time.perf_counter() - tc
       next_store = (replay_lib.update(replay_store, draw.prompt_ids, samples, rewards, replayed,
-                                      replay_kw['success'], i) if need_replay else None)
+                                      step=i, **replay_kw) if need_replay else None)
       state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
       # `state` is now the state after this step (the old one was donated); the credit,
       # critic and replay states after it are committed with it, in one statement.
