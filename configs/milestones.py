@@ -2,12 +2,15 @@
 
     python -m experiments.milestones [--config.quick=True]                 # BEACON on household
     python -m experiments.milestones --config=configs/milestones.py:steps  # SCRL on scratch_add
+    python -m experiments.milestones --config=configs/milestones.py:long   # BEACON, 3 sub-tasks
 
 Default: BEACON (#28) on household, `configs.agents.paper`'s budget (expert warm start, 30 RL
 steps x 16 start states x G = 8), the loop filling `Turns.milestones` from household's
 sub-goals (holding or placing the object, cleaning it when asked, solving). `:steps`: SCRL
 (#76) and blockwise advantages with an outcome-conditioned baseline (#50) on scratch_add's
-verifiable steps, `configs.tempo.family`'s budget. 5 seeds each,
+verifiable steps, `configs.tempo.family`'s budget. `:long`: BEACON on `household_long` (three
+sub-tasks in one episode, 30 turns; the expert needs 12-18), where BEACON's claim is about
+long tasks. 5 seeds each,
 paired intervals against GRPO at matched environment steps / generated tokens.
 """
 
@@ -17,8 +20,11 @@ from configs import agents, tempo
 def get_config(arg: str = ''):
   if arg == 'steps':
     return tempo.family('scrl:iid,blockwise:iid')
-  if arg:
-    raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household) and steps')
+  if arg not in ('', 'long'):
+    raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household), steps '
+                     f'and long')
   c = agents.paper('grpo:iid,beacon:iid')
+  if arg == 'long':
+    c.task.name, c.task.kwargs = 'household_long', {'num_goals': 3, 'max_turns': 30}
   c.seeds = (0, 1, 2, 3, 4)
   return c

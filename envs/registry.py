@@ -3,8 +3,8 @@
 
 import dataclasses
 
-from envs import (addition, base, countdown, countdown_steps, exact_mdp, household, multiturn,
-                  scratchpad_addition, sokoban, token_tree, webshop)
+from envs import (addition, base, countdown, countdown_steps, exact_mdp, household,
+                  household_long, multiturn, scratchpad_addition, sokoban, token_tree, webshop)
 
 _TASKS: dict[str, type[base.Task]] = {
     cls.name: cls for cls in (addition.Addition, countdown.Countdown, token_tree.TokenTree,
@@ -13,7 +13,7 @@ _TASKS: dict[str, type[base.Task]] = {
 }
 _ENVS: dict[str, type[multiturn.MultiTurnEnv]] = {
     cls.name: cls for cls in (sokoban.Sokoban, household.Household, exact_mdp.ExactMDP,
-                              webshop.WebShop)
+                              webshop.WebShop, household_long.HouseholdLong)
 }
 
 
