@@ -78,6 +78,13 @@ class CountdownSteps(base.Task):
     return 3 * self.max_digits + 2
 
   @property
+  def reasoning_steps(self) -> int:
+    """The steps before the last one (which reaches the target, closed by EOS) in a
+    demonstration: k − 2 (the gold-continuation probes of `experiments/training/probes.py`
+    sit after each)."""
+    return self.num_numbers - 2
+
+  @property
   def response_len(self):
     return (self.num_numbers - 1) * (self.step_width + 1)
 

@@ -215,3 +215,19 @@ def test_nan_probe_is_named_or_stays_nan_and_missing_probes_are_refused():
     credit.get("spae")(r.replace(step_probes=None))
   with pytest.raises(ValueError, match="S >= 1"):
     credit.validate(r.replace(step_probes=StepProbes(lp[:, :1], lp[:, :1], pm[:, :1])))
+
+
+def test_countdown_steps_demonstrations_have_every_probe():
+  # countdown_steps: k − 2 probes after steps, the last step (to the target) is the answer.
+  from envs.countdown_steps import CountdownSteps
+  task = CountdownSteps(num_numbers=4, max_number=20)
+  cfg = decoder.PolicyConfig(vocab_size=task.vocab_size, d_model=16, num_layers=1, num_heads=2,
+                             d_ff=32, max_len=task.prompt_len + 2 * task.response_len)
+  params = decoder.init_params(jax.random.PRNGKey(1), cfg)
+  prompts, info = task.sample(jax.random.key(3), 3)
+  demo, dmask = task.demonstrations(prompts, info)
+  tokens, mask = demo[:, None], dmask[:, None]  # G = 1: the demonstration itself
+  ends = task.step_ends(prompts, demo, dmask, info)[:, None] & mask
+  got = probes.step_probes(params, prompts, tokens, mask, ends, info, cfg=cfg, task=task)
+  assert got.mask.shape == (3, 1, task.reasoning_steps + 1) and bool(jnp.all(got.mask))
+  assert np.all(np.isfinite(np.asarray(got.logprobs))) and np.all(np.asarray(got.logprobs) < 0)

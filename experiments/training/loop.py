@@ -988,7 +988,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   if need_probes and not hasattr(getattr(problem, 'task', None), 'reasoning_steps'):
     raise ValueError(f'credit {cfg.credit.name!r} probes the gold continuation after each '
                      f'reasoning step, which needs a JAX chain-of-thought task with '
-                     f'demonstrations and `reasoning_steps` (scratch_add); task '
+                      f'demonstrations and `reasoning_steps` (scratch_add, countdown_steps); task '
                      f'{cfg.task.name!r} has none')
   if 'turns' in credit.needs(cfg.credit.name) and not hasattr(problem, 'turns'):
     raise ValueError(f'credit {cfg.credit.name!r} assigns credit to the turns of multi-turn '
