@@ -988,8 +988,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   if need_probes and not hasattr(getattr(problem, 'task', None), 'reasoning_steps'):
     raise ValueError(f'credit {cfg.credit.name!r} probes the gold continuation after each '
                      f'reasoning step, which needs a JAX chain-of-thought task with '
-                      f'demonstrations and `reasoning_steps` (scratch_add, countdown_steps); task '
-                     f'{cfg.task.name!r} has none')
+                     f'demonstrations and `reasoning_steps` (scratch_add, countdown_steps); '
+                     f'task {cfg.task.name!r} has none')
   if 'turns' in credit.needs(cfg.credit.name) and not hasattr(problem, 'turns'):
     raise ValueError(f'credit {cfg.credit.name!r} assigns credit to the turns of multi-turn '
                      f'trajectories; task {cfg.task.name!r} is single-turn (use a multi-turn '
