@@ -41,6 +41,8 @@ class Turns:
       succeed from every state in state_ids, N(s) (CAST's step-count advantage), or None.
     milestones: int32 [..., G, K], the sub-goals (milestones) turn k achieves for the
       first time in its trajectory, 0 if none (BEACON's segment boundaries), or None.
+    expert_matches: bool [..., G, K], turn k's action is matched to an action of the expert's
+      trace from the same start (a one-to-one matching of equal actions; MatchTIR), or None.
   """
 
   state_ids: jax.Array
@@ -52,6 +54,7 @@ class Turns:
   answer_logprobs: Optional[jax.Array] = None
   solver_steps: Optional[jax.Array] = None
   milestones: Optional[jax.Array] = None
+  expert_matches: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -189,6 +192,11 @@ def check_turn_shapes(turns: Turns):
     if value is not None and _array(value).shape != state_ids.shape:
       raise ValueError(f"{name} must have state_ids' shape [..., G, K+1] = {state_ids.shape}; "
                        f"got {_array(value).shape}.")
+  if turns.expert_matches is not None:
+    em = _array(turns.expert_matches)
+    if em.shape != turn_mask.shape or em.dtype != jnp.bool_:
+      raise ValueError(f"expert_matches must be boolean of turn_mask's shape {turn_mask.shape}; "
+                       f"got {em.dtype} {em.shape}.")
   if turns.milestones is not None:
     milestones = _array(turns.milestones)
     if milestones.shape != turn_mask.shape or not jnp.issubdtype(milestones.dtype,

@@ -161,6 +161,14 @@ def _answers(state, *, env):
   return env.answer(state)
 
 
+@functools.partial(jax.jit, static_argnames=('env', 'num_turns'))
+def _expert_traces(start, *, env, num_turns):
+  """The expert's episodes [B, 1, ...] from the groups' start (state, obs, obs_mask): the
+  reference trace of MatchTIR."""
+  return ags.expert_episodes(env, jax.random.key(0), start[1].shape[0], num_turns=num_turns,
+                             start=start)
+
+
 class AgentProblem:
   """A multi-turn environment for the loop (see the module docstring).
 
@@ -233,6 +241,14 @@ class AgentProblem:
       turns = turns.replace(solver_steps=ags.solver_steps(e, self.env))
     if 'milestones' in needs:
       turns = turns.replace(milestones=ags.milestone_turns(e, self.env))
+    if 'expert_matches' in needs:
+      if not hasattr(self.env, 'expert_action'):
+        raise ValueError(f'environment {self.env.name!r} has no expert (env.expert_action); '
+                         f'expert-trace credit needs one (household)')
+      expert = _expert_traces(draw.handle, env=self.env, num_turns=self.num_turns)
+      expert = expert.replace(tokens=self.lm_ids(expert.tokens))
+      turns = turns.replace(expert_matches=ags.expert_matches(e, expert, self.env,
+                                                              self.num_turns))
     if 'answer_logprobs' in needs:
       if not hasattr(self.env, 'answer'):
         raise ValueError(f'environment {self.env.name!r} has no gold answer (env.answer); '

@@ -530,6 +530,37 @@ def milestone_turns(episodes: Episodes, env) -> jax.Array:
   return jnp.where(episodes.turn_mask, jnp.sum(new, -1), 0).astype(jnp.int32)
 
 
+def expert_matches(episodes: Episodes, expert: Episodes, env, num_turns=None) -> jax.Array:
+  """bool [B, G, K]: turn k's action equals an action of the expert's trajectory from the
+  same start (`expert`: [B, 1, ...], `expert_episodes` from the groups' start states) that
+  no earlier turn of the trajectory matched (MatchTIR's bipartite matching of predicted and
+  reference tool calls, `credit.expert_traces.matchtir`; `match_actions`)."""
+  _, acts, _ = split_slots(episodes.tokens, env, num_turns)  # [B, G, K, A]
+  _, ref, _ = split_slots(expert.tokens, env, num_turns)  # [B, 1, K, A]
+  return match_actions(acts, episodes.turn_mask, ref, expert.turn_mask)
+
+
+@jax.jit
+def match_actions(actions, turn_mask, reference, reference_mask):
+  """bool [B, G, K]: a one-to-one matching of each trajectory's taken actions (actions
+  [B, G, K, A], turn_mask [B, G, K]) to equal actions of its group's reference trace
+  (reference [B, 1, K', A], reference_mask [B, 1, K']), each turn taking the first reference
+  action no earlier turn took. For equality of whole actions this greedy matching is a
+  maximum one (equal actions are interchangeable). False on untaken turns."""
+  eq = jnp.all(actions[:, :, :, None] == reference[:, :, None], -1)  # [B, G, K, K']
+  eq &= reference_mask[:, :, None, :] & turn_mask[..., None]
+
+  def one(eq):  # [K, K']: in turn order
+    def turn(used, row):
+      free = row & ~used
+      hit = jnp.any(free)
+      return used | ((jnp.arange(row.shape[0]) == jnp.argmax(free)) & hit), hit
+
+    return jax.lax.scan(turn, jnp.zeros(eq.shape[1], bool), eq)[1]
+
+  return jax.vmap(jax.vmap(one))(eq)
+
+
 def solver_steps(episodes: Episodes, env) -> jax.Array:
   """float32 [B, G, K+1]: N(s_k), the solver's turns still needed to succeed from each state
   (`episodes.distances`; CAST's step-count advantage, `credit.agents.cast`). Reading: a

@@ -1,0 +1,15 @@
+"""Expert-trace credit for agents (issue 23): MatchTIR (#27, turn rewards from a one-to-one
+matching of the trajectory's actions against the environment expert's trace from the same
+start, plus a dual-level advantage) vs GRPO on household, `configs.agents.paper`'s budget
+(expert warm start, 30 RL steps x 16 start states x G = 8), 5 seeds, paired intervals at
+matched environment steps (the GRPO runs are those of configs/milestones.py and
+configs/turn_norm.py: share a workdir to reuse them).
+"""
+
+from configs import agents
+
+
+def get_config():
+  c = agents.paper('grpo:iid,matchtir:iid')
+  c.seeds = (0, 1, 2, 3, 4)
+  return c

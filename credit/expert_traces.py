@@ -1,0 +1,50 @@
+"""Expert-trace credit for agents (issue 23): MatchTIR (#27).
+
+`matchtir(turns, ...) -> advantages [..., G, K]` reads `Turns.expert_matches` (the loop fills
+them when an estimator needs them: each turn's action matched one-to-one against the
+environment expert's trajectory from the same start, `agent_sampling.expert_matches`) and
+is registered, like `credit.agents`' estimators, as a token-level estimator reading
+`rollouts.turns` (`needs=('turns', 'expert_matches')`).
+"""
+
+import jax.numpy as jnp
+
+from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
+                           _token_level, _validated)
+from credit.registry import register
+from credit.turns import Turns, discounted_returns, episode_returns
+from trees.step_graph import map_groups
+
+
+@_validated
+def matchtir(turns: Turns, omega: float = 1.0, gamma: float = 1.0, scale_by_std: bool = True,
+             expert_matches=None, eps: float = _EPS):
+  """MatchTIR (#27): turn rewards from a bipartite matching of the trajectory's actions
+  against the reference (expert) trace, r_{i,k} = 1 if turn k's action is matched, and a
+  dual-level advantage: A_{i,k} = A^traj_i + ω·A^turn_{i,k}, with A^traj the GRPO advantage
+  of the episode return (the outcome) and A^turn the discounted match return
+  G_{i,k} = Σ_{j≥k} γ^{j−k} r_{i,j} normalised over all the group's taken turns ((G − μ) /
+  (σ + ε); a group of one or of equal values: 0). Readings: the reference trace is the
+  environment's privileged expert from the same start state (the paper matches predicted
+  and ground-truth tool calls of a dataset); a match is an equal whole action. `omega=0` is
+  GRPO on every turn. Returns float32 [..., G, K], 0 off taken turns.
+  """
+  _check_unit("gamma", gamma)
+  m = turns.expert_matches if expert_matches is None else expert_matches
+  if m is None:
+    raise ValueError("matchtir needs turns.expert_matches (the loop fills them from the "
+                     "environment's expert: household).")
+  mask = jnp.asarray(turns.turn_mask, bool)
+  r = jnp.where(mask, jnp.asarray(m, jnp.float32), 0.0)
+  g = discounted_returns(r, mask, jnp.float32(gamma))
+  groups, group = _group_index(mask.shape)
+  a_turn = _bucket_norm(g.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
+                        bool(scale_by_std), eps).reshape(mask.shape)
+  returns = episode_returns(jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0), mask)
+  a_traj = map_groups(lambda x: _grpo(x, bool(scale_by_std), eps), returns.shape[:-1], returns)
+  return jnp.where(mask, a_traj[..., None] + omega * a_turn, 0.0)
+
+
+EXPERT_TRACE_ESTIMATORS = {"matchtir": matchtir}
+register("matchtir", needs=("turns", "expert_matches"))(
+    _from_rollouts("matchtir", _token_level(matchtir)))
