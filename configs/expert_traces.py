@@ -1,6 +1,8 @@
-"""Expert-trace credit for agents (issue 23): MatchTIR (#27, turn rewards from a one-to-one
-matching of the trajectory's actions against the environment expert's trace from the same
-start, plus a dual-level advantage) vs GRPO on household, `configs.agents.paper`'s budget
+"""Expert-trace and counterfactual turn credit for agents (issue 23): MatchTIR (#27, turn
+rewards from a one-to-one matching of the trajectory's actions against the environment
+expert's trace from the same start, plus a dual-level advantage) and InfoPO (#41, how much
+each turn's feedback changed the next action against a masked-feedback counterfactual,
+fused with the outcome) vs GRPO on household, `configs.agents.paper`'s budget
 (expert warm start, 30 RL steps x 16 start states x G = 8), 5 seeds, paired intervals at
 matched environment steps (the GRPO runs are those of configs/milestones.py and
 configs/turn_norm.py: share a workdir to reuse them).
@@ -10,6 +12,6 @@ from configs import agents
 
 
 def get_config():
-  c = agents.paper('grpo:iid,matchtir:iid')
+  c = agents.paper('grpo:iid,matchtir:iid,infopo:iid')
   c.seeds = (0, 1, 2, 3, 4)
   return c

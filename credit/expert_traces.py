@@ -1,10 +1,12 @@
-"""Expert-trace credit for agents (issue 23): MatchTIR (#27).
+"""Expert-trace and counterfactual turn credit for agents (issue 23): MatchTIR (#27) and
+InfoPO (#41).
 
 `matchtir(turns, ...) -> advantages [..., G, K]` reads `Turns.expert_matches` (the loop fills
 them when an estimator needs them: each turn's action matched one-to-one against the
 environment expert's trajectory from the same start, `agent_sampling.expert_matches`) and
 is registered, like `credit.agents`' estimators, as a token-level estimator reading
-`rollouts.turns` (`needs=('turns', 'expert_matches')`).
+`rollouts.turns` (`needs=('turns', 'expert_matches')`). `infopo` reads `Turns.info_gains`
+(the loop's masked-feedback probes, `agent_sampling.info_gains`).
 """
 
 import jax.numpy as jnp
@@ -48,3 +50,37 @@ def matchtir(turns: Turns, omega: float = 1.0, gamma: float = 1.0, scale_by_std:
 EXPERT_TRACE_ESTIMATORS = {"matchtir": matchtir}
 register("matchtir", needs=("turns", "expert_matches"))(
     _from_rollouts("matchtir", _token_level(matchtir)))
+
+
+@_validated
+def infopo(turns: Turns, beta: float = 0.5, gamma: float = 1.0, scale_by_std: bool = True,
+           info_gains=None, eps: float = _EPS):
+  """InfoPO (#41): an information-gain turn reward, how much turn k's feedback changed the
+  agent's next action against a masked-feedback counterfactual,
+  r^info_{i,k} = mean over action k+1's tokens of log π(a | h) − log π(a | h, o_k masked)
+  (`turns.info_gains`: the sampled next action's log-ratio, a one-sample estimate of the KL
+  between the two next-action distributions), fused with the outcome:
+  A_{i,k} = A^out_i + w_g·Â^info_{i,k}, A^out the GRPO advantage of the return, Â^info the
+  discounted info-gain return normalised over the group's taken turns. Variance gate (our
+  reading of "adaptive variance-gated fusion"): w_g = 1 in a group whose outcomes are all
+  equal (the outcome term is 0 there), `beta` otherwise. `beta=0` with varied outcomes is
+  GRPO. Returns float32 [..., G, K], 0 off taken turns.
+  """
+  _check_unit("gamma", gamma)
+  gains = turns.info_gains if info_gains is None else info_gains
+  if gains is None:
+    raise ValueError("infopo needs turns.info_gains (the loop's masked-feedback probes).")
+  mask = jnp.asarray(turns.turn_mask, bool)
+  g = discounted_returns(jnp.where(mask, jnp.asarray(gains, jnp.float32), 0.0), mask,
+                         jnp.float32(gamma))
+  groups, group = _group_index(mask.shape)
+  a_info = _bucket_norm(g.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
+                        bool(scale_by_std), eps).reshape(mask.shape)
+  returns = episode_returns(jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0), mask)
+  a_out = map_groups(lambda x: _grpo(x, bool(scale_by_std), eps), returns.shape[:-1], returns)
+  flat = (jnp.max(returns, -1) == jnp.min(returns, -1))[..., None, None]
+  return jnp.where(mask, a_out[..., None] + jnp.where(flat, 1.0, beta) * a_info, 0.0)
+
+
+EXPERT_TRACE_ESTIMATORS["infopo"] = infopo
+register("infopo", needs=("turns", "info_gains"))(_from_rollouts("infopo", _token_level(infopo)))

@@ -43,6 +43,8 @@ class Turns:
       first time in its trajectory, 0 if none (BEACON's segment boundaries), or None.
     expert_matches: bool [..., G, K], turn k's action is matched to an action of the expert's
       trace from the same start (a one-to-one matching of equal actions; MatchTIR), or None.
+    info_gains: float32 [..., G, K], how much turn k's feedback changed the next action's
+      log-likelihood against a masked-feedback counterfactual (InfoPO), or None.
   """
 
   state_ids: jax.Array
@@ -55,6 +57,7 @@ class Turns:
   solver_steps: Optional[jax.Array] = None
   milestones: Optional[jax.Array] = None
   expert_matches: Optional[jax.Array] = None
+  info_gains: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -197,6 +200,11 @@ def check_turn_shapes(turns: Turns):
     if em.shape != turn_mask.shape or em.dtype != jnp.bool_:
       raise ValueError(f"expert_matches must be boolean of turn_mask's shape {turn_mask.shape}; "
                        f"got {em.dtype} {em.shape}.")
+  if turns.info_gains is not None:
+    gains = _array(turns.info_gains)
+    if gains.shape != turn_mask.shape or not jnp.issubdtype(gains.dtype, jnp.floating):
+      raise ValueError(f"info_gains must be floats of turn_mask's shape {turn_mask.shape}; "
+                       f"got {gains.dtype} {gains.shape}.")
   if turns.milestones is not None:
     milestones = _array(turns.milestones)
     if milestones.shape != turn_mask.shape or not jnp.issubdtype(milestones.dtype,
@@ -254,6 +262,11 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
     check_state_values("answer_logprobs", turns.answer_logprobs, mask, allow_neg_inf=True)
   if turns.solver_steps is not None:
     check_state_values("solver_steps", turns.solver_steps, mask)
+  if turns.info_gains is not None and _concrete(turns.info_gains, mask):
+    bad = np.asarray(mask, bool) & ~np.isfinite(np.asarray(turns.info_gains, np.float32))
+    if np.any(bad):
+      raise ValueError(f"info_gains must be finite on taken turns; info_gains"
+                       f"{list(_first(bad))} is not.")
   if turns.milestones is not None and _concrete(turns.milestones, mask):
     if np.any(np.asarray(turns.milestones)[np.asarray(mask, bool)] < 0):
       raise ValueError("milestones must be >= 0 on taken turns (a count of sub-goals).")

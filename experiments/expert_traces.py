@@ -1,4 +1,4 @@
-"""Expert-trace credit (MatchTIR) vs GRPO on household.
+"""Expert-trace and counterfactual turn credit (MatchTIR, InfoPO) vs GRPO on household.
 
     python -m experiments.expert_traces [--config.quick=True] [--workdir=/tmp/treecredit/milestones]
 

@@ -96,3 +96,75 @@ def test_matchtir_needs_matches_and_checks_them():
   with pytest.raises(ValueError, match="expert_matches must be boolean"):
     et.matchtir(turns.replace(expert_matches=np.zeros((G, K), np.int32)))
   assert credit.needs("matchtir") == ("turns", "expert_matches")
+
+
+# ------------------------------------------------------------------ InfoPO
+
+
+def test_info_gains_equal_teacher_forcing_with_the_feedback_masked():
+  from experiments.models import decoder
+  env = Household(max_turns=6)
+  pcfg = decoder.PolicyConfig(vocab_size=env.vocab_size, d_model=16, num_layers=1, num_heads=2,
+                              d_ff=32, max_len=ags.sequence_length(env))
+  params = decoder.init_params(jax.random.PRNGKey(2), pcfg)
+  ep = ags.sample_episodes(params, pcfg, env, jax.random.key(4), 2, 2)
+  got = np.asarray(ags.info_gains(params, pcfg, env, ep.tokens, ep.policy_mask, env.pad_id))
+  action_pos, obs_pos, _ = ags.slot_layout(env)
+  tokens, pm = np.asarray(ep.tokens), np.asarray(ep.policy_mask)
+  lp = jax.jit(lambda x: decoder.token_logprobs(params, pcfg, x[:, :1], x[:, 1:])[0])
+  for b in range(2):
+    for g in range(2):
+      base = np.asarray(lp(jnp.asarray(tokens[b, g][None])))[0]
+      for k in range(env.max_turns):
+        if k + 1 == env.max_turns or not pm[b, g, action_pos[k + 1]].any():
+          assert got[b, g, k] == 0.0
+          continue
+        x = tokens[b, g].copy()
+        x[obs_pos[k]] = env.pad_id
+        masked = np.asarray(lp(jnp.asarray(x[None])))[0]
+        on = action_pos[k + 1][pm[b, g, action_pos[k + 1]]]
+        np.testing.assert_allclose(got[b, g, k], np.mean(base[on - 1] - masked[on - 1]),
+                                   rtol=1e-4, atol=1e-5)
+  assert np.any(got != 0)
+
+
+def ref_infopo(rewards, mask, gains, beta, gamma):
+  out = np.zeros(mask.shape)
+  for b in range(mask.shape[0]):
+    ret = ref_returns(np.where(mask[b], gains[b], 0.0), mask[b], gamma)
+    vals = [ret[i][k] for i in range(G) for k in range(int(mask[b, i].sum()))]
+    episode = np.array([sum(rewards[b, i, :int(mask[b, i].sum())]) for i in range(G)])
+    flat = episode.max() == episode.min()
+    a_out = np.zeros(G) if flat else (episode - episode.mean()) / (episode.std(ddof=1) + 1e-6)
+    for i in range(G):
+      for k in range(int(mask[b, i].sum())):
+        a_info = 0.0
+        if len(vals) > 1 and max(vals) > min(vals):
+          a_info = (ret[i][k] - np.mean(vals)) / (np.std(vals, ddof=1) + 1e-6)
+        out[b, i, k] = a_out[i] + (1.0 if flat else beta) * a_info
+  return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(turn_groups(shapes=((G, K),), batch=(2,)), st.integers(0, 2**31 - 1),
+       st.sampled_from([(0.5, 1.0), (0.0, 0.9), (1.0, 1.0)]))
+def test_infopo_matches_reference(group, seed, hp):
+  ids, rewards, mask, success = group
+  gains = np.where(mask, np.random.default_rng(seed).normal(size=mask.shape), 0.0)
+  turns = validate_turns(Turns(state_ids=ids, rewards=rewards, turn_mask=mask, success=success,
+                               info_gains=gains.astype(np.float32)))
+  got = np.asarray(et.infopo(turns, beta=hp[0], gamma=hp[1]))
+  np.testing.assert_allclose(got, ref_infopo(np.where(mask, rewards, 0.0), mask, gains, *hp),
+                             rtol=2e-4, atol=2e-5)
+
+
+def test_infopo_refuses_missing_or_non_finite_gains():
+  mask = np.ones((G, K), bool)
+  turns = Turns(state_ids=np.zeros((G, K + 1), np.int32), rewards=np.zeros((G, K), np.float32),
+                turn_mask=mask)
+  with pytest.raises(ValueError, match="info_gains"):
+    et.infopo(turns)
+  bad = np.zeros((G, K), np.float32)
+  bad[1, 2] = np.nan
+  with pytest.raises(ValueError, match=r"info_gains\[1, 2\]"):
+    et.infopo(turns.replace(info_gains=bad))

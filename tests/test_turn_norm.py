@@ -116,11 +116,12 @@ def test_turn_norm_and_expert_trace_family_scripts_run_quick(tmp_path):
   assert sorted(summary['methods']) == ['grpo:iid', 'mt_grpo:iid']
   rows = loop.read_metrics(tmp_path / 'mt_grpo_iid' / 'seed0' / 'metrics.jsonl')
   assert all(np.isfinite(r['loss']) and 0 <= r['success'] <= 1 for r in rows if 'reward' in r)
-  # The expert-trace family (MatchTIR) in the same workdir: its GRPO run is this one.
+  # The expert-trace family (MatchTIR, InfoPO) in the same workdir: its GRPO run is this one.
   from configs import expert_traces as expert_config
   cfg = agents_config.shrink(expert_config.get_config(), expert_config.get_config())
   cfg.progress = False
   summary = compare.run_experiment(cfg, str(tmp_path))
-  assert sorted(summary['methods']) == ['grpo:iid', 'matchtir:iid']
-  rows = loop.read_metrics(tmp_path / 'matchtir_iid' / 'seed0' / 'metrics.jsonl')
-  assert all(np.isfinite(r['loss']) for r in rows if 'reward' in r)
+  assert sorted(summary['methods']) == ['grpo:iid', 'infopo:iid', 'matchtir:iid']
+  for m in ('matchtir_iid', 'infopo_iid'):
+    rows = loop.read_metrics(tmp_path / m / 'seed0' / 'metrics.jsonl')
+    assert all(np.isfinite(r['loss']) for r in rows if 'reward' in r), m

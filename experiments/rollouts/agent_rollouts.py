@@ -241,6 +241,11 @@ class AgentProblem:
       turns = turns.replace(solver_steps=ags.solver_steps(e, self.env))
     if 'milestones' in needs:
       turns = turns.replace(milestones=ags.milestone_turns(e, self.env))
+    if 'info_gains' in needs:  # InfoPO: K + 1 teacher-forced passes, feedback masked
+      pad = self.lm_ids(jnp.asarray(self.env.pad_id, jnp.int32))
+      gains = ags.info_gains(params, self.pcfg, self.env, e.tokens, e.policy_mask, pad,
+                             num_turns=self.num_turns)
+      turns = turns.replace(info_gains=jnp.where(e.turn_mask, gains, 0.0))
     if 'expert_matches' in needs:
       if not hasattr(self.env, 'expert_action'):
         raise ValueError(f'environment {self.env.name!r} has no expert (env.expert_action); '

@@ -530,6 +530,33 @@ def milestone_turns(episodes: Episodes, env) -> jax.Array:
   return jnp.where(episodes.turn_mask, jnp.sum(new, -1), 0).astype(jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_turns"))
+def info_gains(params, pcfg: decoder.PolicyConfig, env, tokens, policy_mask, pad, *,
+               num_turns: Optional[int] = None):
+  """InfoPO's counterfactual probes: float32 [..., K], for turn k the mean over the next
+  action's policy tokens of log p_θ(token | history) − log p_θ(token | history with turn k's
+  observation replaced by `pad`), one teacher-forced forward for the history as sampled and
+  one per k with the feedback masked (causal attention makes each exact whatever follows).
+  0 where turn k has no next action (its last turn, or the next action is not taken)."""
+  k = num_turns_of(env, num_turns)
+  action_pos, obs_pos, _ = slot_layout(env, k)
+  shape = tokens.shape
+  flat = tokens.reshape(-1, shape[-1]).astype(jnp.int32)
+  on = policy_mask.reshape(flat.shape)
+  lp = lambda x: decoder.token_logprobs(params, pcfg, x[:, :1], x[:, 1:])[0]
+  factual = lp(flat)  # [R, T-1]: log p of token t+1
+
+  def probe(_, i):  # turn i's observation masked; read action i+1
+    x = flat.at[:, jnp.asarray(obs_pos)[i]].set(pad)
+    nxt = jnp.asarray(action_pos)[jnp.minimum(i + 1, k - 1)]
+    diff = jnp.take(factual - lp(x), nxt - 1, axis=1)  # [R, A]
+    m = jnp.take(on, nxt, axis=1) & (i + 1 < k)
+    return None, jnp.sum(jnp.where(m, diff, 0.0), -1) / jnp.maximum(jnp.sum(m, -1), 1)
+
+  _, out = jax.lax.scan(probe, None, jnp.arange(k))
+  return out.T.reshape(shape[:-1] + (k,))
+
+
 def expert_matches(episodes: Episodes, expert: Episodes, env, num_turns=None) -> jax.Array:
   """bool [B, G, K]: turn k's action equals an action of the expert's trajectory from the
   same start (`expert`: [B, 1, ...], `expert_episodes` from the groups' start states) that
