@@ -171,9 +171,8 @@ class Household(multiturn.MultiTurnEnv):
     seen = (FIRST_OBJ + order).astype(jnp.int32), jnp.sum(here)
     pieces = [
         piece(("nothing", "happens", "."), s.invalid),
-        piece(("task", ":", "put")),
-        piece(("clean",), s.goal_clean),
-        (jnp.stack([obj(s.goal_obj), _ID["in"], FIRST_LOC + s.goal_rec, _ID["."]]), 4),
+        piece(("task", ":")),
+        *self._task_pieces(s, piece, obj),
         (jnp.stack([_ID["you"], _ID["are"], _ID["at"], FIRST_LOC + s.loc, _ID["."]]), 5),
         piece(("you", "see")),
         seen,
@@ -182,6 +181,11 @@ class Household(multiturn.MultiTurnEnv):
         (jnp.stack([jnp.where(s.holding >= 0, obj(s.holding), _ID["nothing"]), _ID["."]]), 2),
     ]
     return _cot.concat(pieces, self.obs_len, self.pad_id)
+
+  def _task_pieces(self, s, piece, obj):
+    """The task's words after "task :" (one episode): "put [clean] X in Y ."."""
+    return [piece(("put",)), piece(("clean",), s.goal_clean),
+            (jnp.stack([obj(s.goal_obj), _ID["in"], FIRST_LOC + s.goal_rec, _ID["."]]), 4)]
 
   def observe(self, state):
     """The text observation int32 [n, O] (PAD after it) and its mask."""

@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs import _cot
-from envs.household import (FIRST_LOC, FIRST_OBJ, NUM_OBJ, NUM_REC, OBJECTS, RECEPTACLES, SINK,
+from envs.household import (FIRST_OBJ, NUM_OBJ, NUM_REC, RECEPTACLES, SINK,
                             Household, HouseholdState, _ID)
 
 
@@ -81,25 +80,14 @@ class HouseholdLong(Household):
     True when not asked; sub-task k holds), then every sub-task holds (solved)."""
     return self._milestones(state)
 
-  def _observe1(self, s):
-    ids = lambda words: jnp.asarray([_ID[w] for w in words], jnp.int32)
-    piece = lambda words, keep=True: (ids(words), jnp.where(keep, len(words), 0))
-    obj = lambda i: FIRST_OBJ + jnp.clip(i, 0, NUM_OBJ - 1)
-    here = (s.obj_loc == s.loc) & (s.loc < NUM_REC)
-    order = jnp.argsort(~here, stable=True)
-    seen = (FIRST_OBJ + order).astype(jnp.int32), jnp.sum(here)
-    pieces = [piece(("nothing", "happens", "."), s.invalid), piece(("task", ":"))]
+  def _task_pieces(self, s, piece, obj):
+    """ "put [clean] X_k in Y_k ." for each sub-task in turn (one episode)."""
+    out = []
     for k in range(self.num_goals):
-      pieces += [piece(("put",)), piece(("clean",), s.goal_clean[k]),
-                 (jnp.stack([obj(s.goal_obj[k]), _ID["in"], FIRST_LOC + s.goal_rec[k],
-                             _ID["."]]), 4)]
-    pieces += [
-        (jnp.stack([_ID["you"], _ID["are"], _ID["at"], FIRST_LOC + s.loc, _ID["."]]), 5),
-        piece(("you", "see")), seen, piece(("nothing",), ~jnp.any(here)),
-        piece((".", "you", "hold")),
-        (jnp.stack([jnp.where(s.holding >= 0, obj(s.holding), _ID["nothing"]), _ID["."]]), 2),
-    ]
-    return _cot.concat(pieces, self.obs_len, self.pad_id)
+      one = s.replace(goal_obj=s.goal_obj[k], goal_rec=s.goal_rec[k],
+                      goal_clean=s.goal_clean[k])
+      out += Household._task_pieces(self, one, piece, obj)
+    return out
 
   # --- the expert: sub-tasks in index order ---------------------------------------------------
 

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import credit
-from credit import probes as cp
 from credit.rollouts import StepProbes
 from envs.scratchpad_addition import ScratchpadAddition
 from experiments.models import decoder
