@@ -219,7 +219,7 @@ def test_nan_probe_is_named_or_stays_nan_and_missing_probes_are_refused():
 def test_countdown_steps_demonstrations_have_every_probe():
   # countdown_steps: k − 2 probes after steps, the last step (to the target) is the answer.
   from envs.countdown_steps import CountdownSteps
-  task = CountdownSteps(num_numbers=4, max_number=20)
+  task = CountdownSteps(num_numbers=3, max_number=9)
   cfg = decoder.PolicyConfig(vocab_size=task.vocab_size, d_model=16, num_layers=1, num_heads=2,
                              d_ff=32, max_len=task.prompt_len + 2 * task.response_len)
   params = decoder.init_params(jax.random.PRNGKey(1), cfg)
