@@ -36,15 +36,22 @@ def matchtir(turns: Turns, omega: float = 1.0, gamma: float = 1.0, scale_by_std:
   if m is None:
     raise ValueError("matchtir needs turns.expert_matches (the loop fills them from the "
                      "environment's expert: household).")
+  mask, a_traj, a_turn, _ = _outcome_and_turn_terms(turns, m, gamma, scale_by_std, eps)
+  return jnp.where(mask, a_traj[..., None] + omega * a_turn, 0.0)
+
+
+def _outcome_and_turn_terms(turns, signal, gamma, scale_by_std, eps):
+  """(turn mask, GRPO of the episode return [..., G], the discounted return of the per-turn
+  `signal` normalised over each group's taken turns [..., G, K], the returns [..., G])."""
   mask = jnp.asarray(turns.turn_mask, bool)
-  r = jnp.where(mask, jnp.asarray(m, jnp.float32), 0.0)
+  r = jnp.where(mask, jnp.asarray(signal, jnp.float32), 0.0)
   g = discounted_returns(r, mask, jnp.float32(gamma))
   groups, group = _group_index(mask.shape)
   a_turn = _bucket_norm(g.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
                         bool(scale_by_std), eps).reshape(mask.shape)
   returns = episode_returns(jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0), mask)
-  a_traj = map_groups(lambda x: _grpo(x, bool(scale_by_std), eps), returns.shape[:-1], returns)
-  return jnp.where(mask, a_traj[..., None] + omega * a_turn, 0.0)
+  a_out = map_groups(lambda x: _grpo(x, bool(scale_by_std), eps), returns.shape[:-1], returns)
+  return mask, a_out, a_turn, returns
 
 
 EXPERT_TRACE_ESTIMATORS = {"matchtir": matchtir}
@@ -70,14 +77,8 @@ def infopo(turns: Turns, beta: float = 0.5, gamma: float = 1.0, scale_by_std: bo
   gains = turns.info_gains if info_gains is None else info_gains
   if gains is None:
     raise ValueError("infopo needs turns.info_gains (the loop's masked-feedback probes).")
-  mask = jnp.asarray(turns.turn_mask, bool)
-  g = discounted_returns(jnp.where(mask, jnp.asarray(gains, jnp.float32), 0.0), mask,
-                         jnp.float32(gamma))
-  groups, group = _group_index(mask.shape)
-  a_info = _bucket_norm(g.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
-                        bool(scale_by_std), eps).reshape(mask.shape)
-  returns = episode_returns(jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0), mask)
-  a_out = map_groups(lambda x: _grpo(x, bool(scale_by_std), eps), returns.shape[:-1], returns)
+  mask, a_out, a_info, returns = _outcome_and_turn_terms(turns, gains, gamma, scale_by_std,
+                                                         eps)
   flat = (jnp.max(returns, -1) == jnp.min(returns, -1))[..., None, None]
   return jnp.where(mask, a_out[..., None] + jnp.where(flat, 1.0, beta) * a_info, 0.0)
 
