@@ -49,6 +49,9 @@ class Rollouts:
       context (one extra teacher-forced pass with the prompt changed: GCPO, PGPO), or None.
     saliency: float32 [..., G, L] per-token gradient saliency (the norm of the gradient of
       the response log-likelihood w.r.t. the token's input embedding; GRAIL), or None.
+    hindsight_logprobs: float32 [..., G, L] log-probs of the response tokens with the task's
+      gold answer placed after the prompt (a privileged, answer-conditioned teacher: the
+      same policy; PBSD, HCAPO), or None.
     step_probes: `StepProbes` [..., G, S+1]: teacher-forced probes of the task's gold
       continuation after each prefix of a response's reasoning steps (SPAE, P2S, MIG), or
       None.
@@ -73,6 +76,7 @@ class Rollouts:
   context_logprobs: Optional[jax.Array] = None
   saliency: Optional[jax.Array] = None
   step_probes: Optional["StepProbes"] = None
+  hindsight_logprobs: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:

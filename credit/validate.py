@@ -9,7 +9,7 @@ from credit.turns import validate_turns
 from trees.prefix_tree import as_tokens_and_mask
 
 _PER_TOKEN = ("logprobs", "old_logprobs", "ref_logprobs", "token_rewards", "values", "entropy",
-              "context_logprobs", "saliency")
+              "context_logprobs", "saliency", "hindsight_logprobs")
 
 
 def _array(x):
@@ -34,8 +34,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
   Checks: tokens are integers (fitting int32) and mask boolean, of one shape
   [..., G, L] with G > 0; the mask is one run from position 0; rewards are
   [..., G] real numbers (bool, int or float) and finite in float32; optional
-  per-token fields (log-probs, token rewards, values, entropy, context log-probs,
-  saliency) are int or float of the tokens' shape, finite in float32 on unmasked tokens;
+  per-token fields (log-probs, token rewards, values, entropy, context and hindsight
+  log-probs, saliency) are int or float of the tokens' shape, finite in float32 on unmasked tokens;
   prompt_logprobs is [..., P] real, finite on `prompt_mask` (bool [..., P]; all of P
   without one); a policy_mask is boolean, of the tokens' shape and inside mask;
   an explicit tree has the tokens' mask; step_probes are [..., G, S+1] (S >= 1), log-probs

@@ -11,7 +11,7 @@ from configs import tempo as tempo_config
 from experiments.training import compare, loop
 
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
-            'context_shift', 'saliency', 'probes')
+            'context_shift', 'saliency', 'probes', 'hindsight')
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:

@@ -22,6 +22,8 @@ Optional Rollouts inputs are computed only when the estimator `needs` them
   saliency          one extra backward pass (`experiments/training/saliency.py`)
   step_probes       S + 1 teacher-forced passes scoring the gold continuation after each
                     reasoning step (`experiments/training/probes.py`; JAX CoT tasks)
+  hindsight_logprobs  one teacher-forced pass with the task's gold answer after the prompt
+                    (`experiments/training/hindsight.py`; JAX CoT tasks)
 A stateful estimator (`credit.stateful(name)`) gets its state (`credit.init_state`) in
 `Rollouts.credit_state`; after the advantages the loop computes `credit.update_state` in
 the same jitted call, commits it with the update, logs its scalar leaves as
@@ -66,6 +68,7 @@ from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
+from experiments.training import hindsight as hindsight_lib
 from experiments.training import probes as probes_lib
 from experiments.training import replay as replay_lib
 from experiments.training import saliency as saliency_lib
@@ -438,7 +441,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
   prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None,
-  step_probes=None) -> (advantages, loss mask);
+  step_probes=None, hindsight_logprobs=None) -> (advantages, loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
   `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
@@ -450,7 +453,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
          prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None,
-         values=None, step_probes=None):
+         values=None, step_probes=None, hindsight_logprobs=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
@@ -458,7 +461,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
                                entropy=entropy, prompt_logprobs=prompt_logprobs,
                                prompt_mask=prompt_mask, context_logprobs=context_logprobs,
                                saliency=saliency, credit_state=credit_state, values=values,
-                               step_probes=step_probes)
+                               step_probes=step_probes,
+                               hindsight_logprobs=hindsight_logprobs)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:
@@ -533,6 +537,11 @@ class JaxProblem:
     the responses' reasoning steps (`experiments/training/probes.py`)."""
     return probes_lib.step_probes(params, draw.prompts, samples.tokens, samples.mask, step_ends,
                                   draw.handle, cfg=self.pcfg, task=self.task)
+
+  def hindsight_prompts(self, draw, prompts, prompt_len):
+    """(prompts, prompt_len) with the task's gold answer after each prompt
+    (`experiments/training/hindsight.py`)."""
+    return hindsight_lib.hindsight_prompts(prompts, prompt_len, draw.handle, task=self.task)
 
   def evaluate(self, params, ecfg) -> dict:
     return evaluate(params, self.pcfg, self.task, ecfg)
@@ -971,6 +980,13 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   need_ref = loss_cfg.needs_ref or 'ref_logprobs' in needs  # KL loss/reward, APA's anchor
   need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
   need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
+  need_hindsight = 'hindsight_logprobs' in needs
+  if need_hindsight and not (hasattr(problem, 'hindsight_prompts') and hasattr(
+      getattr(problem, 'task', None), 'reasoning_steps')):
+    raise ValueError(f'credit {cfg.credit.name!r} scores the responses with the gold answer '
+                     f'in context, which needs a JAX chain-of-thought task with '
+                     f'demonstrations and `reasoning_steps` (scratch_add, countdown_steps); '
+                     f'task {cfg.task.name!r} has none')
   saliency_kw = dict(kind=hparams.get('saliency_kind', 'grad_norm'),
                      answer_tokens=int(hparams.get('answer_tokens', 0)))
   # Old / reference log-probs run over the batch in the update step's parts (rows_logprobs).
@@ -1074,6 +1090,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                             None, cfg=pcfg, chunks=lp_chunks)
         extra['context_logprobs'] = (ctx if policy_mask is None
                                      else jnp.where(policy_mask, ctx, 0.0))
+      if need_hindsight:  # one teacher-forced pass with the gold answer after the prompt
+        hs_prompts, hs_plen = problem.hindsight_prompts(draw, prompts, plen)
+        extra['hindsight_logprobs'] = rows_logprobs(
+            state.params, hs_prompts, samples.tokens, samples.mask, hs_plen, None, cfg=pcfg,
+            chunks=lp_chunks)
       if need_saliency:  # one extra backward pass
         extra['saliency'] = saliency_lib.token_saliency(
             state.params, prompts, samples.tokens, samples.mask, plen, policy_mask, cfg=pcfg,

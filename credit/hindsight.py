@@ -1,0 +1,109 @@
+"""Hindsight, answer-conditioned step credit (issue 23's counterfactual family): PBSD (#164)
+and HCAPO (#9).
+
+Both read one extra teacher-forced pass, `rollouts.hindsight_logprobs` [..., G, L]: the
+same policy scoring the response with the task's gold answer placed after the prompt (a
+privileged teacher; experiments/training/hindsight.py), beside the sampling log-probs
+(`old_logprobs`, else `logprobs`). Write d_t = log π(y_t | x, a*, y_<t) − log π(y_t | x, y_<t).
+By Bayes, Σ_t d_t over a prefix is log p(a* | x, prefix) / p(a* | x) up to the prior's
+constant: how much the prefix raised the answer's posterior. Step j of a response is its
+tokens after j step ends through the (j+1)-th (`rollouts.step_ends`); only closed steps
+get a hindsight term, so the answer itself (which the teacher can copy) never does.
+Readings are in each docstring; both reduce to GRPO exactly at coefficient 0, or when the
+hindsight pass equals the sampling pass (d = 0).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from credit.outcome import grpo_per_response
+from credit.probes import _normalised_over_group
+from credit.registry import register
+from credit.rollouts import Rollouts
+
+
+def _log_ratio(rollouts: Rollouts, who: str):
+  """(d [..., G, L] (0 off closed steps), the closed steps' trained tokens, the position
+  of each token's step end (L − 1 after the last), ends)."""
+  if rollouts.hindsight_logprobs is None or rollouts.step_ends is None:
+    raise ValueError(f"{who} needs rollouts.hindsight_logprobs and rollouts.step_ends (a "
+                     f"chain-of-thought task's answer-conditioned pass: scratch_add in the loop).")
+  policy = rollouts.sampling_logprobs
+  if policy is None:
+    raise ValueError(f"{who} needs rollouts.logprobs (or old_logprobs): log π(y | prompt).")
+  mask = jnp.asarray(rollouts.trained_mask, bool)
+  ends = jnp.asarray(rollouts.step_ends, bool) & jnp.asarray(rollouts.mask, bool)
+  step = jnp.cumsum(ends, -1) - ends
+  closed = mask & (step < jnp.sum(ends, -1, keepdims=True))
+  d = jnp.asarray(rollouts.hindsight_logprobs, jnp.float32) - jnp.asarray(policy, jnp.float32)
+  length = ends.shape[-1]
+  idx = jnp.arange(length)
+  end_of = jax.lax.cummin(jnp.where(ends, idx, length - 1), axis=ends.ndim - 1, reverse=True)
+  return jnp.where(closed, d, 0.0), closed, end_of, ends
+
+
+def _step_sums(x, ends):
+  """[..., G, L]: on each step's end position, Σ x over the step's tokens."""
+  idx = jnp.arange(ends.shape[-1])
+  cum = jnp.cumsum(x, -1)
+  last = jax.lax.cummax(jnp.where(ends, idx, -1), axis=ends.ndim - 1)
+  prev = jnp.concatenate([jnp.full_like(last[..., :1], -1), last[..., :-1]], -1)
+  base = jnp.where(prev >= 0, jnp.take_along_axis(cum, jnp.maximum(prev, 0), -1), 0.0)
+  return cum - base
+
+
+@register("pbsd", needs=("step_ends", "hindsight_logprobs"))
+def pbsd(rollouts: Rollouts, *, beta: float = 1.0, scale_by_std: bool = True,
+         eps: float = 1e-6):
+  """PBSD (#164): the posterior-to-prior ratio of the verified answer, turned by Bayes into
+  the teacher/student likelihood ratio and decomposed step by step, reweights the outcome
+  advantage. Step j's evidence e_j = Σ_{t in step j} d_t (the log Bayes factor the step
+  contributes to a*). Reading ("a reweighting scheme" that turns the sparse outcome into
+  turn-level credit): the response's outcome advantage A_i (GRPO) is redistributed over
+  its n closed steps with mean-one weights w_j = n · softmax_j(β · sign(A_i) · e_j): a
+  success credits most the steps that support the answer, a failure blames most the steps
+  that undermine it; the answer's tokens keep A_i. Σ_j w_j = n, so the response's total
+  credit over its steps is unchanged. β = 0 is GRPO. Returns float32 [..., G, L].
+  """
+  d, closed, end_of, ends = _log_ratio(rollouts, "pbsd")
+  outcome = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
+  evidence = _step_sums(d, ends)  # e_j at step j's end
+  count = _step_sums(closed.astype(jnp.float32), ends)
+  is_step = ends & (count > 0)
+  z = jnp.where(is_step, beta * jnp.sign(outcome)[..., None] * evidence, -jnp.inf)
+  top = jnp.max(z, -1, keepdims=True)
+  e = jnp.where(is_step, jnp.exp(z - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+  n = jnp.sum(is_step, -1, keepdims=True)
+  w_end = n * e / jnp.maximum(jnp.sum(e, -1, keepdims=True), 1e-30)
+  w = jnp.where(closed, jnp.take_along_axis(w_end, end_of, -1), 1.0)
+  mask = jnp.asarray(rollouts.trained_mask, bool)
+  return jnp.where(mask, outcome[..., None] * w, 0.0).astype(jnp.float32)
+
+
+@register("hcapo", needs=("step_ends", "hindsight_logprobs"))
+def hcapo(rollouts: Rollouts, *, omega: float = 0.5, clip: float = 1.0,
+          scale_by_std: bool = True, eps: float = 1e-6):
+  """HCAPO (#9): the policy itself as a hindsight critic of each step, plus a multi-scale
+  advantage. Reading, after hindsight credit assignment (Harutyunyan et al., 2019, the
+  return-conditioned form A(s, a) = (1 − π(a|s) / h(a|s, Z)) · Z): the hindsight policy h
+  is the answer-conditioned pass, Z the response's reward R_i, and a step's ratio is the
+  per-token geometric mean, so step j's hindsight advantage is
+  q_j = (1 − exp(−clip(d̄_j, −c, c))) · R_i with d̄_j the mean of d_t over the step and c =
+  `clip` (a step the teacher finds likelier once the answer is known is credited, one it
+  finds unlikelier is blamed, only in rewarded responses). Multi-scale: the step-scale
+  q_j, normalised over the group's steps ((q − μ)/(σ + ε), as P2S), is added to the
+  response-scale A_i (GRPO): A = A_i + ω · q̃_j on step j's tokens, A_i on the answer's.
+  ω = 0 is GRPO. Returns float32 [..., G, L].
+  """
+  d, closed, end_of, ends = _log_ratio(rollouts, "hcapo")
+  outcome = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
+  total = _step_sums(d, ends)
+  count = _step_sums(closed.astype(jnp.float32), ends)
+  is_step = ends & (count > 0)
+  mean = total / jnp.maximum(count, 1.0)
+  r = jnp.asarray(rollouts.rewards, jnp.float32)[..., None]
+  q = (1.0 - jnp.exp(-jnp.clip(mean, -clip, clip))) * r
+  q = _normalised_over_group(q, is_step, eps)
+  step_term = jnp.where(closed, jnp.take_along_axis(q, end_of, -1), 0.0)
+  mask = jnp.asarray(rollouts.trained_mask, bool)
+  return jnp.where(mask, outcome[..., None] + omega * step_term, 0.0).astype(jnp.float32)

@@ -1,0 +1,53 @@
+"""The hindsight context of `credit.Rollouts.hindsight_logprobs` (PBSD #164, HCAPO #9): the
+prompt followed by the task's gold answer, so one teacher-forced pass scores the responses
+under a privileged, answer-conditioned teacher (the same policy, the answer in context).
+
+The answer is the task's demonstration after its `reasoning_steps` step ends, without its
+EOS (scratch_add: the sum's digits; countdown_steps: the expression). Prompts are [B, P]
+right-padded to `prompt_len` (None: all P); the hint goes right after each prompt's true
+length, so the hindsight prompts are [B, P + R] with lengths prompt_len + answer length.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from experiments.training.probes import probe_cuts
+
+
+def answer_hint(task, prompts, info):
+  """(hint int32 [B, R], hint_len int32 [B]): the demonstration's answer (pad after)."""
+  demo, demo_mask = task.demonstrations(prompts, info)  # [B, R]
+  ends = task.step_ends(prompts, demo, demo_mask, info)
+  s = int(task.reasoning_steps)
+  cuts, _ = probe_cuts(ends, demo_mask, s)
+  start = cuts[:, s]  # after the S-th step end: the answer
+  stop = jnp.sum(demo_mask, -1) - 1  # EOS excluded
+  r = demo.shape[-1]
+  src = start[:, None] + jnp.arange(r)
+  n = jnp.maximum(stop - start, 0)
+  hint = jnp.take_along_axis(demo, jnp.clip(src, 0, r - 1), -1)
+  return jnp.where(jnp.arange(r) < n[:, None], hint, task.pad_id).astype(jnp.int32), n
+
+
+def with_hint(prompts, prompt_len, hint, hint_len, pad_id: int):
+  """(prompts [B, P + R], prompt_len [B]): each prompt's tokens, then its hint, then pad."""
+  b, p = prompts.shape
+  r = hint.shape[-1]
+  plen = jnp.full((b,), p, jnp.int32) if prompt_len is None else jnp.asarray(prompt_len,
+                                                                              jnp.int32)
+  t = jnp.arange(p + r)[None, :]
+  wide = jnp.concatenate([prompts, jnp.full((b, r), pad_id, prompts.dtype)], -1)
+  src = jnp.clip(t - plen[:, None], 0, r - 1)
+  hinted = jnp.take_along_axis(hint.astype(prompts.dtype), src, -1)
+  inside = (t >= plen[:, None]) & (t < (plen + hint_len)[:, None])
+  out = jnp.where(t < plen[:, None], wide, jnp.where(inside, hinted, pad_id))
+  return out, plen + hint_len
+
+
+@functools.partial(jax.jit, static_argnames=('task',))
+def hindsight_prompts(prompts, prompt_len, info, *, task):
+  """The answer-conditioned prompts of a JAX chain-of-thought task: (prompts, lengths)."""
+  hint, n = answer_hint(task, prompts, info)
+  return with_hint(prompts, prompt_len, hint, n, task.pad_id)

@@ -1,0 +1,213 @@
+"""Hindsight, answer-conditioned step credit (issue 23): the answer hint and the hindsight
+pass of experiments/training/hindsight.py against hand-built sequences, and PBSD and HCAPO
+(credit/hindsight.py) against plain-Python references and their GRPO reductions."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import credit
+from envs.scratchpad_addition import ScratchpadAddition
+from experiments.models import decoder
+from experiments.training import hindsight, loop
+from groups import grpo_ref
+
+TASK = ScratchpadAddition(num_digits=2)
+
+
+def test_answer_hint_is_the_sum():
+  prompts, info = TASK.sample(jax.random.key(3), 6)
+  hint, n = (np.asarray(x) for x in hindsight.answer_hint(TASK, prompts, info))
+  demo, dmask = (np.asarray(x) for x in TASK.demonstrations(prompts, info))
+  for i in range(6):
+    ops = np.asarray(info['operands'][i])
+    value = sum(int(''.join(map(str, row))) for row in ops)
+    digits = [int(c) for c in str(value)]
+    got = list(hint[i, :n[i]])
+    assert got == digits or got == [0] + digits  # the demonstration may lead with a 0
+    assert all(t == TASK.pad_id for t in hint[i, n[i]:])
+    dl = int(dmask[i].sum())
+    assert list(demo[i, dl - 1 - n[i]:dl - 1]) == got  # the tokens before EOS
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_with_hint_places_the_hint_after_each_prompt(seed):
+  rng = np.random.default_rng(seed)
+  b, p, r, pad = 3, 5, 4, 99
+  prompts = rng.integers(0, 9, (b, p)).astype(np.int32)
+  plen = rng.integers(1, p + 1, b).astype(np.int32)
+  hint = rng.integers(0, 9, (b, r)).astype(np.int32)
+  n = rng.integers(0, r + 1, b).astype(np.int32)
+  for prompt_len in (None, plen):
+    out, out_len = (np.asarray(x) for x in hindsight.with_hint(
+        jnp.asarray(prompts), prompt_len, jnp.asarray(hint), jnp.asarray(n), pad))
+    for i in range(b):
+      k = p if prompt_len is None else int(plen[i])
+      want = list(prompts[i, :k]) + list(hint[i, :n[i]])
+      assert out_len[i] == len(want)
+      assert list(out[i, :len(want)]) == want
+      assert all(t == pad for t in out[i, len(want):])
+
+
+def test_hindsight_pass_equals_teacher_forcing_after_prompt_and_answer():
+  cfg = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
+                             num_heads=2, d_ff=32, max_len=TASK.prompt_len + 2 * TASK.response_len)
+  params = decoder.init_params(jax.random.PRNGKey(0), cfg)
+  b, g, l = 2, 2, TASK.response_len
+  prompts, info = TASK.sample(jax.random.key(1), b)
+  demo, dmask = TASK.demonstrations(prompts, info)
+  tokens = jnp.stack([demo, jnp.roll(demo, 1, 0)], 1)
+  mask = jnp.stack([dmask, jnp.roll(dmask, 1, 0)], 1)
+  hp, hl = hindsight.hindsight_prompts(prompts, None, info, task=TASK)
+  got = np.asarray(loop.rows_logprobs(params, hp, tokens, mask, hl, None, cfg=cfg))
+  hint, n = hindsight.answer_hint(TASK, prompts, info)
+  for i in range(b):
+    ctx = jnp.concatenate([prompts[i], hint[i, :int(n[i])]])[None]
+    for j in range(g):
+      want, _ = decoder.token_logprobs(params, cfg, ctx, tokens[i, j][None])
+      m = np.asarray(mask[i, j])
+      np.testing.assert_allclose(got[i, j][m], np.asarray(want[0])[m], atol=2e-5)
+
+
+# ------------------------------------------------------------------ the estimators
+
+
+def ref_steps(ends, mask):
+  """[(start, stop)] of the closed steps (stop exclusive: through the step end)."""
+  out, start = [], 0
+  for t in range(len(mask)):
+    if mask[t] and ends[t]:
+      out.append((start, t + 1))
+      start = t + 1
+  return out
+
+
+def ref_pbsd(rewards, mask, ends, d, beta):
+  a = grpo_ref(rewards)
+  out = np.zeros(mask.shape)
+  for idx in np.ndindex(rewards.shape):
+    m = mask[idx]
+    out[idx][m] = a[idx]
+    steps = ref_steps(ends[idx], m)
+    if not steps:
+      continue
+    z = [beta * np.sign(a[idx]) * sum(d[idx][s:e]) for s, e in steps]
+    top = max(z)
+    e_ = [math.exp(v - top) for v in z]
+    for (s, e), w in zip(steps, e_):
+      out[idx][s:e] = a[idx] * len(steps) * w / sum(e_)
+  return out
+
+
+def ref_hcapo(rewards, mask, ends, d, omega, clip):
+  a = grpo_ref(rewards)
+  out = np.zeros(mask.shape)
+  qs = {}
+  for idx in np.ndindex(rewards.shape):
+    out[idx][mask[idx]] = a[idx]
+    for s, e in ref_steps(ends[idx], mask[idx]):
+      mean = float(np.mean(d[idx][s:e]))
+      qs[idx + (s, e)] = (1 - math.exp(-min(max(mean, -clip), clip))) * rewards[idx]
+  for grp in np.ndindex(rewards.shape[:-1]):
+    keys = [k for k in qs if k[:len(grp)] == grp]
+    vals = np.array([qs[k] for k in keys])
+    if len(vals) < 2 or vals.max() <= vals.min():
+      continue
+    norm = (vals - vals.mean()) / (vals.std(ddof=1) + 1e-6)
+    for k, v in zip(keys, norm):
+      idx, s, e = k[:-2], k[-2], k[-1]
+      out[idx][s:e] += omega * v
+  return out
+
+
+@st.composite
+def step_groups(draw):
+  g = draw(st.sampled_from([1, 3, 5]))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+  l = 9
+  mask = np.arange(l) < rng.integers(0, l + 1, (2, g))[..., None]
+  ends = (rng.random((2, g, l)) < 0.3) & mask
+  rewards = (rng.random((2, g)) < 0.5).astype(np.float32)
+  tokens = rng.integers(0, 5, (2, g, l)).astype(np.int32)
+  lp = np.where(mask, -rng.random((2, g, l)) * 3, 0).astype(np.float32)
+  hs = np.where(mask, lp + rng.normal(size=(2, g, l)), 0).astype(np.float32)
+  return tokens, mask, ends, rewards, lp, hs
+
+
+def _rollouts(tokens, mask, ends, rewards, lp, hs):
+  return credit.Rollouts(tokens=jnp.asarray(tokens), mask=jnp.asarray(mask),
+                         rewards=jnp.asarray(rewards), logprobs=jnp.asarray(lp),
+                         step_ends=jnp.asarray(ends), hindsight_logprobs=jnp.asarray(hs))
+
+
+@settings(max_examples=25, deadline=None)
+@given(step_groups(), st.sampled_from([0.5, 2.0]))
+def test_pbsd_matches_reference(data, beta):
+  tokens, mask, ends, rewards, lp, hs = data
+  got = credit.get('pbsd')(_rollouts(*data), beta=beta)
+  want = ref_pbsd(rewards, mask, ends, (hs - lp).astype(np.float64), beta)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(step_groups())
+def test_hcapo_matches_reference(data):
+  tokens, mask, ends, rewards, lp, hs = data
+  got = credit.get('hcapo')(_rollouts(*data), omega=0.5, clip=1.0)
+  want = ref_hcapo(rewards, mask, ends, (hs - lp).astype(np.float64), 0.5, 1.0)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
+
+
+@settings(max_examples=15, deadline=None)
+@given(step_groups())
+def test_reductions_to_grpo(data):
+  tokens, mask, ends, rewards, lp, hs = data
+  grpo = np.asarray(credit.get('grpo')(_rollouts(*data)))
+  for name, hp in (('pbsd', dict(beta=0.0)), ('hcapo', dict(omega=0.0))):
+    np.testing.assert_allclose(np.asarray(credit.get(name)(_rollouts(*data), **hp)), grpo,
+                               atol=1e-6)
+  same = _rollouts(tokens, mask, ends, rewards, lp, lp)  # the answer changes nothing: d = 0
+  for name in ('pbsd', 'hcapo'):
+    np.testing.assert_allclose(np.asarray(credit.get(name)(same)), grpo, atol=1e-6)
+
+
+def test_pbsd_moves_credit_to_the_step_that_supports_the_answer():
+  # One success, one failure; two steps each; step 0 supports the answer (d > 0).
+  mask = np.ones((1, 2, 4), bool)
+  ends = np.array([[[0, 1, 0, 1], [0, 1, 0, 1]]], bool)
+  lp = np.full((1, 2, 4), -1.0, np.float32)
+  hs = lp + np.array([1.0, 1.0, -1.0, -1.0], np.float32)
+  r = credit.Rollouts(tokens=jnp.zeros((1, 2, 4), jnp.int32), mask=jnp.asarray(mask),
+                      rewards=jnp.array([[1.0, 0.0]]), logprobs=jnp.asarray(lp),
+                      step_ends=jnp.asarray(ends), hindsight_logprobs=jnp.asarray(hs))
+  adv = np.asarray(credit.get('pbsd')(r))
+  assert adv[0, 0, 0] > adv[0, 0, 2] > 0  # the success: the supporting step gets more
+  assert adv[0, 1, 2] < adv[0, 1, 0] < 0  # the failure: the undermining step gets more blame
+  # Mean-one step weights on two 2-token steps: the total is 4 tokens x A_i, as GRPO's.
+  np.testing.assert_allclose(adv[0].sum(-1), 4 * grpo_ref([[1.0, 0.0]])[0], atol=1e-5)
+
+
+def test_missing_pass_is_named():
+  r = credit.Rollouts(tokens=jnp.zeros((1, 2, 3), jnp.int32), mask=jnp.ones((1, 2, 3), bool),
+                      rewards=jnp.zeros((1, 2)), logprobs=jnp.zeros((1, 2, 3)),
+                      step_ends=jnp.zeros((1, 2, 3), bool))
+  for name in ('pbsd', 'hcapo'):
+    with pytest.raises(ValueError, match='hindsight_logprobs'):
+      credit.get(name)(r)
+
+
+def test_nan_in_the_hindsight_pass_is_not_hidden():
+  r = credit.Rollouts(tokens=jnp.zeros((1, 2, 2), jnp.int32), mask=jnp.ones((1, 2, 2), bool),
+                      rewards=jnp.array([[1.0, 0.0]]), logprobs=jnp.zeros((1, 2, 2)),
+                      step_ends=jnp.array([[[1, 0], [1, 0]]], bool),
+                      hindsight_logprobs=jnp.array([[[jnp.nan, 0.0], [0.0, 0.0]]]))
+  with pytest.raises(ValueError, match='hindsight_logprobs'):
+    credit.validate(r)
+  for name in ('pbsd', 'hcapo'):
+    assert np.isnan(np.asarray(credit.get(name)(r))[0, 0, 0])
