@@ -7,8 +7,9 @@ privileged teacher; experiments/training/hindsight.py), beside the sampling log-
 (`old_logprobs`, else `logprobs`). Write d_t = log π(y_t | x, a*, y_<t) − log π(y_t | x, y_<t).
 By Bayes, Σ_t d_t over a prefix is log p(a* | x, prefix) / p(a* | x) up to the prior's
 constant: how much the prefix raised the answer's posterior. Step j of a response is its
-tokens after j step ends through the (j+1)-th (`rollouts.step_ends`); only closed steps
-get a hindsight term, so the answer itself (which the teacher can copy) never does.
+tokens after j step ends through the (j+1)-th (`rollouts.step_ends`); only its reasoning
+steps get a hindsight term: closed steps, except one closed on the response's last token
+(the answer and its EOS, which the teacher could copy).
 Readings are in each docstring; both reduce to GRPO exactly at coefficient 0, or when the
 hindsight pass equals the sampling pass (d = 0).
 """
@@ -23,7 +24,7 @@ from credit.rollouts import Rollouts
 
 
 def _log_ratio(rollouts: Rollouts, who: str):
-  """(d [..., G, L] (0 off closed steps), the closed steps' trained tokens, the position
+  """(d [..., G, L] (0 off reasoning steps), the reasoning steps' trained tokens, the position
   of each token's step end (L − 1 after the last), ends)."""
   if rollouts.hindsight_logprobs is None or rollouts.step_ends is None:
     raise ValueError(f"{who} needs rollouts.hindsight_logprobs and rollouts.step_ends (a "
@@ -34,7 +35,11 @@ def _log_ratio(rollouts: Rollouts, who: str):
   mask = jnp.asarray(rollouts.trained_mask, bool)
   ends = jnp.asarray(rollouts.step_ends, bool) & jnp.asarray(rollouts.mask, bool)
   step = jnp.cumsum(ends, -1) - ends
-  closed = mask & (step < jnp.sum(ends, -1, keepdims=True))
+  # A step end on the response's last token closes its answer (scratch_add, countdown_steps:
+  # the EOS), which the teacher could copy: it gets no hindsight term.
+  n = jnp.sum(jnp.asarray(rollouts.mask, bool), -1, keepdims=True)
+  final = jnp.take_along_axis(ends, jnp.maximum(n - 1, 0), -1) & (n > 0)
+  closed = mask & (step < jnp.sum(ends, -1, keepdims=True) - final)
   d = jnp.asarray(rollouts.hindsight_logprobs, jnp.float32) - jnp.asarray(policy, jnp.float32)
   length = ends.shape[-1]
   idx = jnp.arange(length)

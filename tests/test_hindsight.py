@@ -79,10 +79,12 @@ def test_hindsight_pass_equals_teacher_forcing_after_prompt_and_answer():
 
 
 def ref_steps(ends, mask):
-  """[(start, stop)] of the closed steps (stop exclusive: through the step end)."""
+  """[(start, stop)] of the reasoning steps (stop exclusive: through the step end): closed
+  steps, less one closed on the response's last token (its answer)."""
   out, start = [], 0
-  for t in range(len(mask)):
-    if mask[t] and ends[t]:
+  n = int(mask.sum())
+  for t in range(n):
+    if ends[t] and t < n - 1:
       out.append((start, t + 1))
       start = t + 1
   return out
@@ -178,19 +180,22 @@ def test_reductions_to_grpo(data):
 
 
 def test_pbsd_moves_credit_to_the_step_that_supports_the_answer():
-  # One success, one failure; two steps each; step 0 supports the answer (d > 0).
-  mask = np.ones((1, 2, 4), bool)
-  ends = np.array([[[0, 1, 0, 1], [0, 1, 0, 1]]], bool)
-  lp = np.full((1, 2, 4), -1.0, np.float32)
-  hs = lp + np.array([1.0, 1.0, -1.0, -1.0], np.float32)
-  r = credit.Rollouts(tokens=jnp.zeros((1, 2, 4), jnp.int32), mask=jnp.asarray(mask),
+  # One success, one failure; two reasoning steps and an answer token (d = 5: the teacher
+  # copies it; no hindsight term); step 0 supports the answer (d > 0).
+  mask = np.ones((1, 2, 5), bool)
+  ends = np.array([[[0, 1, 0, 1, 1], [0, 1, 0, 1, 1]]], bool)
+  lp = np.full((1, 2, 5), -1.0, np.float32)
+  hs = lp + np.array([1.0, 1.0, -1.0, -1.0, 5.0], np.float32)
+  r = credit.Rollouts(tokens=jnp.zeros((1, 2, 5), jnp.int32), mask=jnp.asarray(mask),
                       rewards=jnp.array([[1.0, 0.0]]), logprobs=jnp.asarray(lp),
                       step_ends=jnp.asarray(ends), hindsight_logprobs=jnp.asarray(hs))
   adv = np.asarray(credit.get('pbsd')(r))
   assert adv[0, 0, 0] > adv[0, 0, 2] > 0  # the success: the supporting step gets more
   assert adv[0, 1, 2] < adv[0, 1, 0] < 0  # the failure: the undermining step gets more blame
-  # Mean-one step weights on two 2-token steps: the total is 4 tokens x A_i, as GRPO's.
-  np.testing.assert_allclose(adv[0].sum(-1), 4 * grpo_ref([[1.0, 0.0]])[0], atol=1e-5)
+  a = grpo_ref([[1.0, 0.0]])[0]
+  np.testing.assert_allclose(adv[0, :, 4], a, atol=1e-6)  # the answer keeps A_i
+  # Mean-one step weights on two 2-token steps: their total is 4 tokens x A_i, as GRPO's.
+  np.testing.assert_allclose(adv[0, :, :4].sum(-1), 4 * a, atol=1e-5)
 
 
 def test_missing_pass_is_named():
