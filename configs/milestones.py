@@ -1,14 +1,14 @@
 """Milestone, hierarchical and subproblem credit (issue 23) vs GRPO.
 
     python -m experiments.milestones [--config.quick=True]                 # BEACON on household
-    python -m experiments.milestones --config=configs/milestones.py:steps  # SCRL on scratch_add
+    python -m experiments.milestones --config=configs/milestones.py:steps  # SCRL, HRPO: scratch_add
     python -m experiments.milestones --config=configs/milestones.py:long   # BEACON, 3 sub-tasks
 
 Default: BEACON (#28) on household, `configs.agents.paper`'s budget (expert warm start, 30 RL
 steps x 16 start states x G = 8), the loop filling `Turns.milestones` from household's
 sub-goals (holding or placing the object, cleaning it when asked, solving). `:steps`: SCRL
-(#76) and blockwise advantages with an outcome-conditioned baseline (#50) on scratch_add's
-verifiable steps, `configs.tempo.family`'s budget. `:long`: BEACON on `household_long` (three
+(#76), blockwise advantages with an outcome-conditioned baseline (#50) and HRPO's phase
+advantages (#2) on scratch_add's verifiable steps, `configs.tempo.family`'s budget. `:long`: BEACON on `household_long` (three
 sub-tasks in one episode, 30 turns; the expert needs 12-18), where BEACON's claim is about
 long tasks. 5 seeds each,
 paired intervals against GRPO at matched environment steps / generated tokens.
@@ -19,7 +19,7 @@ from configs import agents, tempo
 
 def get_config(arg: str = ''):
   if arg == 'steps':
-    return tempo.family('scrl:iid,blockwise:iid')
+    return tempo.family('scrl:iid,blockwise:iid,hrpo:iid')
   if arg not in ('', 'long'):
     raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household), steps '
                      f'and long')

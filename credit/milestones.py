@@ -173,3 +173,32 @@ def _ocb_columns(per, scale_by_std, eps):
     return adv
 
   return jax.vmap(column, in_axes=1, out_axes=1)(per, prefix)
+
+
+@register("hrpo", needs=("token_rewards", "step_ends"))
+def hrpo(rollouts: Rollouts, reason_weight: float = 1.0, scale_by_std: bool = True,
+         eps: float = _EPS):
+  """HRPO (#2, AdaSR): phase-level relative advantages instead of one sequence advantage.
+  A response has two phases: its reasoning (every token through its last step end that is
+  not on its last token: scratch_add's column steps) and its final deliberation (the rest:
+  the answer and its EOS; a response without a reasoning step is all final phase). Each
+  phase has its own verifiable reward and its own group-relative advantage: the reasoning
+  phase r¹ = Σ `token_rewards` over it (scratch_add: 1/(D+1) per valid step), the final
+  phase the outcome R; A¹ = GRPO(r¹), A² = GRPO(R) over the group. Final-phase tokens get
+  A²; reasoning tokens w·A¹ + (1 − w)·A², w = `reason_weight` (1: the abstract's
+  decomposition; 0: GRPO exactly). Readings: the abstract's streaming and deep phases map to
+  the chain of thought and the answer; its format and adaptive-thinking rewards are not
+  modelled (the step verifier is the reasoning phase's reward). Returns float32 [..., G, L].
+  """
+  tr, _, mask = _spans(rollouts, "hrpo")
+  ends = jnp.asarray(rollouts.step_ends, bool) & mask
+  n = jnp.sum(mask, -1, keepdims=True)
+  final = jnp.take_along_axis(ends, jnp.maximum(n - 1, 0), -1) & (n > 0)
+  reasoning = mask & (jnp.cumsum(ends, -1) - ends < jnp.sum(ends, -1, keepdims=True) - final)
+  r1 = jnp.sum(jnp.where(reasoning, tr, 0.0), -1)
+  grpo = lambda r: map_groups(lambda x: _grpo(x, bool(scale_by_std), float(eps)),
+                              r.shape[:-1], r)
+  a1, a2 = grpo(r1), grpo(jnp.asarray(rollouts.rewards, jnp.float32))
+  adv = jnp.where(reasoning, reason_weight * a1[..., None] + (1 - reason_weight) * a2[..., None],
+                  a2[..., None])
+  return jnp.where(mask, adv, 0.0).astype(jnp.float32)

@@ -1,5 +1,5 @@
-"""The seed-family scripts (issues 22 and 23's probes) run end to end in quick mode: every method of each
-family trains from the shared SFT start on the same first batch as GRPO, and its credit
+"""The seed-family scripts (issue 22; issue 23: probes, hindsight, subproblems) run end to end
+in quick mode: every method of each family trains from the shared SFT start on the same first batch as GRPO, and its credit
 (or loss) actually changes the update."""
 
 import importlib
@@ -11,7 +11,7 @@ from configs import tempo as tempo_config
 from experiments.training import compare, loop
 
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
-            'context_shift', 'saliency', 'probes', 'hindsight')
+            'context_shift', 'saliency', 'probes', 'hindsight', 'milestones:steps')
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:
@@ -32,8 +32,10 @@ def workdir(tmp_path_factory):
 
 @pytest.mark.parametrize('family', FAMILIES)
 def test_family_quick(family, workdir):
-  defaults = importlib.import_module(f'configs.{family}').get_config()
-  cfg = importlib.import_module(f'configs.{family}').get_config()
+  module, _, variant = family.partition(':')
+  get_config = importlib.import_module(f'configs.{module}').get_config
+  defaults, cfg = (get_config(variant), get_config(variant)) if variant else (get_config(),
+                                                                              get_config())
   cfg.quick, cfg.progress = True, False
   tempo_config.shrink(cfg, defaults=defaults)
   cfg.quick = False

@@ -9,7 +9,7 @@ import jax
 import credit
 from credit import milestones as ms
 from credit.turns import Turns, validate_turns
-from groups import groups
+from groups import groups, grpo_ref
 from test_agent_credit import grpo_per_turn, ref_grpo
 from test_step_graph import turn_groups  # noqa: E402 (tests/ is on sys.path)
 
@@ -203,3 +203,34 @@ def test_blockwise_with_every_prefix_rewarded_is_scrl_without_scaling():
                       rewards=np.zeros(g, np.float32), token_rewards=tr, step_ends=ends)
   np.testing.assert_allclose(credit.get("blockwise")(r),
                              credit.get("scrl")(r, scale_by_std=False), atol=1e-6)
+
+
+def ref_hrpo(tr, mask, ends, rewards, w, scale=True):
+  """Loops over one group [G, L]: the reasoning phase (through the last step end not on
+  the last token) gets w·GRPO(r¹) + (1 − w)·GRPO(R), the rest GRPO(R)."""
+  g, l = mask.shape
+  phase = np.zeros((g, l), bool)
+  r1 = np.zeros(g)
+  for i in range(g):
+    n = int(mask[i].sum())
+    cut = max([t + 1 for t in range(n - 1) if ends[i][t]], default=0)
+    phase[i, :cut] = True
+    r1[i] = sum(tr[i][:cut])
+  a1, a2 = grpo_ref(r1[None], scale)[0], grpo_ref(np.asarray(rewards)[None], scale)[0]
+  out = np.where(phase, w * a1[:, None] + (1 - w) * a2[:, None], a2[:, None])
+  return np.where(mask, out, 0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(group=groups(sizes=(1, 3, 6), lengths=(6,), batch=(2,)), seed=st.integers(0, 2**31 - 1),
+       scale=st.booleans(), w=st.sampled_from([1.0, 0.5]))
+def test_hrpo_matches_reference(group, seed, scale, w):
+  r = process_group(group, seed)
+  got = np.asarray(credit.get("hrpo")(r, reason_weight=w, scale_by_std=scale))
+  for b in range(2):
+    want = ref_hrpo(r.token_rewards[b], r.mask[b], r.step_ends[b], r.rewards[b], w, scale)
+    np.testing.assert_allclose(got[b], want, rtol=2e-4, atol=2e-5)
+  np.testing.assert_allclose(credit.get("hrpo")(r, reason_weight=0.0, scale_by_std=scale),
+                             credit.get("grpo")(r, scale_by_std=scale), atol=1e-6)
+  with pytest.raises(ValueError, match="token_rewards"):
+    credit.get("hrpo")(r.replace(token_rewards=None))
