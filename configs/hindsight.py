@@ -2,10 +2,21 @@
 i.i.d. groups of 8, on scratch_add, whose gold answer the loop places after the prompt for
 one extra teacher-forced pass (experiments/training/hindsight.py). `configs.tempo.family`:
 the main job's budget, 5 seeds, matched generated tokens.
+
+The teacher is the policy reading the answer in context, which a model trained from scratch
+has never seen (the shared SFT start scores gold steps 13 nats lower with the answer in its
+prompt, and ranks a corrupted step above the gold one). So the warm start here also sees
+the answer after half its demonstrations' prompts (`sft.hindsight_frac` 0.5), and every
+method, GRPO included, starts from it: `:plain` keeps the shared start.
 """
 
 from configs import tempo
 
 
-def get_config():
-  return tempo.family('pbsd:iid,hcapo:iid')
+def get_config(arg: str = ''):
+  if arg not in ('', 'plain'):
+    raise ValueError(f'configs/hindsight.py:{arg}: valid variants are "" and plain')
+  c = tempo.family('pbsd:iid,hcapo:iid')
+  if arg == '':
+    c.sft.hindsight_frac = 0.5
+  return c

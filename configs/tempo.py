@@ -65,7 +65,10 @@ def get_config() -> ml_collections.ConfigDict:
       lr=3e-4, warmup_steps=5, weight_decay=0.0, grad_clip=1.0, b1=0.9, b2=0.999))
 
   c.sft = ml_collections.ConfigDict(dict(
-      steps=600, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.0, seed=0))
+      steps=600, batch_size=64, lr=1e-3, warmup_steps=100, weight_decay=0.0, seed=0,
+      # > 0: that fraction of the demonstrations' prompts also carry the gold answer (a
+      # warm start that can serve as PBSD's / HCAPO's answer-conditioned teacher).
+      hindsight_frac=0.0))
 
   c.rl = ml_collections.ConfigDict(dict(
       steps=40, prompts_per_step=64, ckpt_every=20, seed=0,

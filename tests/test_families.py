@@ -11,7 +11,7 @@ from configs import tempo as tempo_config
 from experiments.training import compare, loop
 
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
-            'context_shift', 'saliency', 'probes', 'hindsight', 'milestones:steps')
+            'context_shift', 'saliency', 'probes', 'hindsight:plain', 'milestones:steps')
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:

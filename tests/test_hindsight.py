@@ -216,3 +216,40 @@ def test_nan_in_the_hindsight_pass_is_not_hidden():
     credit.validate(r)
   for name in ('pbsd', 'hcapo'):
     assert np.isnan(np.asarray(credit.get(name)(r))[0, 0, 0])
+
+
+def test_hinted_demonstrations_carry_the_answer_on_a_fraction_of_prompts():
+  from experiments.training.loop import _hinted_batch
+  n = 64
+  wide, plen, responses, mask = (np.asarray(x) for x in _hinted_batch(
+      jax.random.key(5), task=TASK, n=n, frac=0.5))
+  prompts, info = TASK.sample(jax.random.split(jax.random.key(5))[0], n)
+  demo, dmask = TASK.demonstrations(prompts, info)
+  np.testing.assert_array_equal(responses, demo)
+  np.testing.assert_array_equal(wide[:, :TASK.prompt_len], prompts)
+  hint, hl = (np.asarray(x) for x in hindsight.answer_hint(TASK, prompts, info))
+  hinted = plen > TASK.prompt_len
+  assert 0.25 < hinted.mean() < 0.75
+  for i in range(n):
+    k = plen[i] - TASK.prompt_len
+    assert k in (0, hl[i])
+    np.testing.assert_array_equal(wide[i, TASK.prompt_len:plen[i]], hint[i, :k])
+    assert np.all(wide[i, plen[i]:] == TASK.pad_id)
+
+
+def test_hinted_warm_start_trains_and_has_its_own_fingerprint(tmp_path):
+  from configs import hindsight as hindsight_config
+  from configs import tempo as tempo_config
+  cfg = hindsight_config.get_config()
+  cfg.quick, cfg.progress = True, False
+  tempo_config.shrink(cfg, defaults=hindsight_config.get_config())
+  cfg.quick = False
+  cfg.task.kwargs = {'num_digits': 1}
+  cfg.sft.steps = 30
+  params, info = loop.sft(cfg, str(tmp_path / 'sft'))
+  assert math.isfinite(info['loss']) and 0.0 <= info['greedy_acc'] <= 1.0
+  plain = cfg.copy_and_resolve_references()
+  plain.sft.hindsight_frac = 0.0
+  with pytest.raises(ValueError, match='sft.hindsight_frac: None -> 0.5|hindsight_frac'):
+    loop.sft(plain, str(tmp_path / 'sft'))  # the plain start is another checkpoint
+  assert loop.run_config(plain, 0).sft.get('hindsight_frac') is None  # old fingerprints kept

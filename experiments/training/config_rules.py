@@ -27,6 +27,7 @@ RULES = (
     ('sft.lr', '(0, inf)'),
     ('sft.warmup_steps', '[0, inf)'),
     ('sft.weight_decay', '[0, inf)'),
+    ('sft.hindsight_frac', '[0, 1]'),
     ('rl.steps', '[0, inf)'),
     ('rl.prompts_per_step', '[1, inf)'),
     ('rl.ckpt_every', '[1, inf)'),

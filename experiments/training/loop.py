@@ -216,7 +216,7 @@ def group_size(scfg) -> int:
 def run_config(cfg, run_seed: int):
   """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped, and
   the `critic` section dropped when the estimator reads no values (so GRPO runs of
-  configs/ppo.py share their workdir with every other script's), and rl.prompt_pool when 0."""
+  configs/ppo.py share their workdir with every other script's), rl.prompt_pool when 0 and sft.hindsight_frac when 0."""
   out = cfg.copy_and_resolve_references()
   out.rl.seed = run_seed
   used = SAMPLER_COMMON + SAMPLER_FIELDS[cfg.sampler.name]
@@ -229,7 +229,14 @@ def run_config(cfg, run_seed: int):
       del out.critic['targets']  # the default: fingerprints of runs before the option
     if not out.rl.get('prompt_pool', 0) and 'prompt_pool' in out.rl:
       del out.rl['prompt_pool']  # fresh prompts: the fingerprint of runs before the option
+    _drop_default_sft_fields(out)
   return out
+
+
+def _drop_default_sft_fields(cfg):
+  """Drops sft.hindsight_frac when 0 (in place): the fingerprint of runs before it."""
+  if 'sft' in cfg and not cfg.sft.get('hindsight_frac', 0.0) and 'hindsight_frac' in cfg.sft:
+    del cfg.sft['hindsight_frac']
 
 
 def fingerprint(cfg) -> tuple[str, dict]:
@@ -496,6 +503,17 @@ def _demo_batch(key, *, task, n):
   return prompts, responses, mask
 
 
+@functools.partial(jax.jit, static_argnames=('task', 'n', 'frac'))
+def _hinted_batch(key, *, task, n, frac):
+  k1, k2 = jax.random.split(key)
+  prompts, info = task.sample(k1, n)
+  responses, mask = task.demonstrations(prompts, info)
+  hint, hint_len = hindsight_lib.answer_hint(task, prompts, info)
+  hint_len = jnp.where(jax.random.uniform(k2, (n,)) < frac, hint_len, 0)
+  wide, plen = hindsight_lib.with_hint(prompts, None, hint, hint_len, task.pad_id)
+  return wide, plen, responses, mask
+
+
 class JaxProblem:
   """A JAX task (envs.registry) for the loop: prompts and rewards computed in jit.
 
@@ -542,6 +560,15 @@ class JaxProblem:
     """(prompts, prompt_len) with the task's gold answer after each prompt
     (`experiments/training/hindsight.py`)."""
     return hindsight_lib.hindsight_prompts(prompts, prompt_len, draw.handle, task=self.task)
+
+  def hinted_demonstrations(self, key, n: int, frac: float):
+    """(prompts [n, P + R], prompt_len [n], responses, mask): demonstrations whose prompts
+    carry the gold answer (`hindsight_prompts`) with probability `frac` (`sft.hindsight_frac`:
+    a warm start that has learned to read the answer, for PBSD and HCAPO's teacher)."""
+    if not hasattr(self.task, 'reasoning_steps'):
+      raise ValueError(f'sft.hindsight_frac needs a chain-of-thought task with '
+                       f'`reasoning_steps`; {type(self.task).__name__} has none')
+    return _hinted_batch(key, task=self.task, n=n, frac=frac)
 
   def evaluate(self, params, ecfg) -> dict:
     return evaluate(params, self.pcfg, self.task, ecfg)
@@ -842,6 +869,7 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   sub = ml_collections.ConfigDict({'task': cfg.task.to_dict(), 'model': cfg.model.to_dict(),
                                    'sft': cfg.sft.to_dict(),
                                    **({'agent': cfg.agent.to_dict()} if is_agent(cfg) else {})})
+  _drop_default_sft_fields(sub)
   fp, flat = fingerprint(sub)
   s = cfg.sft
   tx = ts.make_optimizer(s.lr, s.warmup_steps, s.weight_decay, cfg.optimizer.grad_clip)
@@ -855,11 +883,21 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
     return restored.params, meta['info']
   t0 = time.time()
   key = jax.random.PRNGKey(s.seed + 1)
+  hinted = float(s.get('hindsight_frac', 0.0))
+  if hinted and not hasattr(problem, 'hinted_demonstrations'):
+    raise ValueError(f'sft.hindsight_frac needs a JAX chain-of-thought task with '
+                     f'`reasoning_steps` (scratch_add, countdown_steps); task '
+                     f'{cfg.task.name!r} has none')
   bar = tqdm(range(s.steps), desc='SFT', disable=not progress, leave=False)
   loss = float('nan')
   for i in bar:
-    prompts, responses, mask = problem.demonstrations(jax.random.fold_in(key, i), s.batch_size)
-    state, m = ts.sft_step_jit(state, prompts, responses, mask, cfg=pcfg)
+    if hinted:  # some prompts carry the gold answer: a teacher that has read one
+      prompts, plen, responses, mask = problem.hinted_demonstrations(
+          jax.random.fold_in(key, i), s.batch_size, hinted)
+    else:
+      (prompts, responses, mask), plen = problem.demonstrations(
+          jax.random.fold_in(key, i), s.batch_size), None
+    state, m = ts.sft_step_jit(state, prompts, responses, mask, plen, cfg=pcfg)
     if i % 20 == 0 or i == s.steps - 1:
       loss = float(m['loss'])
       bar.set_postfix(loss=f'{loss:.3f}')

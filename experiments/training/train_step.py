@@ -446,18 +446,21 @@ def sft_loss(params, cfg, prompts, responses, mask, prompt_len=None):
   return -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def sft_step(state: TrainState, prompts, responses, mask, *, cfg: decoder.PolicyConfig):
-  """One cross-entropy step on demonstrations (mean NLL over masked response tokens).
+def sft_step(state: TrainState, prompts, responses, mask, prompt_len=None, *,
+             cfg: decoder.PolicyConfig):
+  """One cross-entropy step on demonstrations (mean NLL over masked response tokens);
+  `prompt_len` [N]: right-padded prompts (None: all P).
 
   With an `AdapterOptimizer` only the LoRA adapters are differentiated and updated.
   """
   if _adapters_only_state(state):
     frozen = jax.lax.stop_gradient(state.params)
     loss, grads = jax.value_and_grad(
-        lambda a: sft_loss(with_adapters(frozen, a), cfg, prompts, responses, mask))(
-            split_adapters(state.params))
+        lambda a: sft_loss(with_adapters(frozen, a), cfg, prompts, responses, mask,
+                           prompt_len))(split_adapters(state.params))
   else:
-    loss, grads = jax.value_and_grad(sft_loss)(state.params, cfg, prompts, responses, mask)
+    loss, grads = jax.value_and_grad(sft_loss)(state.params, cfg, prompts, responses, mask,
+                                               prompt_len)
   return _apply(state, grads), dict(loss=loss, grad_norm=optax.tree.norm(grads))
 
 
