@@ -14,9 +14,9 @@ Readings are in each docstring; both reduce to GRPO exactly at coefficient 0, or
 hindsight pass equals the sampling pass (d = 0).
 """
 
-import jax
 import jax.numpy as jnp
 
+from credit.implied_values import _step_sums  # each token's step total
 from credit.outcome import grpo_per_response
 from credit.probes import _normalised_over_group
 from credit.registry import register
@@ -24,8 +24,8 @@ from credit.rollouts import Rollouts
 
 
 def _log_ratio(rollouts: Rollouts, who: str):
-  """(d [..., G, L] (0 off reasoning steps), the reasoning steps' trained tokens, the position
-  of each token's step end (L − 1 after the last), ends)."""
+  """(d [..., G, L] (0 off reasoning steps), the reasoning steps' trained tokens, their
+  step ends, each token's step total of d)."""
   if rollouts.hindsight_logprobs is None or rollouts.step_ends is None:
     raise ValueError(f"{who} needs rollouts.hindsight_logprobs and rollouts.step_ends (a "
                      f"chain-of-thought task's answer-conditioned pass: scratch_add in the loop).")
@@ -41,20 +41,8 @@ def _log_ratio(rollouts: Rollouts, who: str):
   final = jnp.take_along_axis(ends, jnp.maximum(n - 1, 0), -1) & (n > 0)
   closed = mask & (step < jnp.sum(ends, -1, keepdims=True) - final)
   d = jnp.asarray(rollouts.hindsight_logprobs, jnp.float32) - jnp.asarray(policy, jnp.float32)
-  length = ends.shape[-1]
-  idx = jnp.arange(length)
-  end_of = jax.lax.cummin(jnp.where(ends, idx, length - 1), axis=ends.ndim - 1, reverse=True)
-  return jnp.where(closed, d, 0.0), closed, end_of, ends
-
-
-def _step_sums(x, ends):
-  """[..., G, L]: on each step's end position, Σ x over the step's tokens."""
-  idx = jnp.arange(ends.shape[-1])
-  cum = jnp.cumsum(x, -1)
-  last = jax.lax.cummax(jnp.where(ends, idx, -1), axis=ends.ndim - 1)
-  prev = jnp.concatenate([jnp.full_like(last[..., :1], -1), last[..., :-1]], -1)
-  base = jnp.where(prev >= 0, jnp.take_along_axis(cum, jnp.maximum(prev, 0), -1), 0.0)
-  return cum - base
+  d = jnp.where(closed, d, 0.0)
+  return d, closed, ends & closed, _step_sums(d, closed, ends)
 
 
 @register("pbsd", needs=("step_ends", "hindsight_logprobs"))
@@ -65,22 +53,19 @@ def pbsd(rollouts: Rollouts, *, beta: float = 1.0, scale_by_std: bool = True,
   advantage. Step j's evidence e_j = Σ_{t in step j} d_t (the log Bayes factor the step
   contributes to a*). Reading ("a reweighting scheme" that turns the sparse outcome into
   turn-level credit): the response's outcome advantage A_i (GRPO) is redistributed over
-  its n closed steps with mean-one weights w_j = n · softmax_j(β · sign(A_i) · e_j): a
+  its n reasoning steps with mean-one weights w_j = n · softmax_j(β · sign(A_i) · e_j): a
   success credits most the steps that support the answer, a failure blames most the steps
   that undermine it; the answer's tokens keep A_i. Σ_j w_j = n, so the response's total
   credit over its steps is unchanged. β = 0 is GRPO. Returns float32 [..., G, L].
   """
-  d, closed, end_of, ends = _log_ratio(rollouts, "pbsd")
+  _, closed, is_end, evidence = _log_ratio(rollouts, "pbsd")
   outcome = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
-  evidence = _step_sums(d, ends)  # e_j at step j's end
-  count = _step_sums(closed.astype(jnp.float32), ends)
-  is_step = ends & (count > 0)
-  z = jnp.where(is_step, beta * jnp.sign(outcome)[..., None] * evidence, -jnp.inf)
-  top = jnp.max(z, -1, keepdims=True)
-  e = jnp.where(is_step, jnp.exp(z - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
-  n = jnp.sum(is_step, -1, keepdims=True)
-  w_end = n * e / jnp.maximum(jnp.sum(e, -1, keepdims=True), 1e-30)
-  w = jnp.where(closed, jnp.take_along_axis(w_end, end_of, -1), 1.0)
+  z = beta * jnp.sign(outcome)[..., None] * evidence  # on every token of its step
+  top = jnp.max(jnp.where(is_end, z, -jnp.inf), -1, keepdims=True)
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  total = jnp.sum(jnp.where(is_end, jnp.exp(z - top), 0.0), -1, keepdims=True)
+  n = jnp.sum(is_end, -1, keepdims=True)
+  w = jnp.where(closed, n * jnp.exp(z - top) / jnp.maximum(total, 1e-30), 1.0)
   mask = jnp.asarray(rollouts.trained_mask, bool)
   return jnp.where(mask, outcome[..., None] * w, 0.0).astype(jnp.float32)
 
@@ -100,15 +85,12 @@ def hcapo(rollouts: Rollouts, *, omega: float = 0.5, clip: float = 1.0,
   response-scale A_i (GRPO): A = A_i + ω · q̃_j on step j's tokens, A_i on the answer's.
   ω = 0 is GRPO. Returns float32 [..., G, L].
   """
-  d, closed, end_of, ends = _log_ratio(rollouts, "hcapo")
+  _, closed, is_end, total = _log_ratio(rollouts, "hcapo")
   outcome = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
-  total = _step_sums(d, ends)
-  count = _step_sums(closed.astype(jnp.float32), ends)
-  is_step = ends & (count > 0)
+  count = _step_sums(closed.astype(jnp.float32), closed, jnp.asarray(rollouts.step_ends, bool))
   mean = total / jnp.maximum(count, 1.0)
   r = jnp.asarray(rollouts.rewards, jnp.float32)[..., None]
-  q = (1.0 - jnp.exp(-jnp.clip(mean, -clip, clip))) * r
-  q = _normalised_over_group(q, is_step, eps)
-  step_term = jnp.where(closed, jnp.take_along_axis(q, end_of, -1), 0.0)
+  q = _normalised_over_group((1.0 - jnp.exp(-jnp.clip(mean, -clip, clip))) * r, is_end, eps)
+  step_term = _step_sums(q, closed, jnp.asarray(rollouts.step_ends, bool))  # end -> its step
   mask = jnp.asarray(rollouts.trained_mask, bool)
   return jnp.where(mask, outcome[..., None] + omega * step_term, 0.0).astype(jnp.float32)
