@@ -5,6 +5,7 @@ whitened over the batch (`credit` estimator `ppo`), and verl's clipped value los
     python -m experiments.ppo                                     # scratch_add, the main job's budget
     python -m experiments.ppo --config=configs/ppo.py:household   # household (ppo_turns), the agents' budget
     python -m experiments.ppo --config=configs/ppo.py:tree        # the critic trained on tree values
+    python -m experiments.ppo --config=configs/ppo.py:advantage   # the Advantage Model (#77)
 
 The critic (experiments/training/critic.py) is a copy of the warm-start policy with a zero
 value head, its own Adam (lr `critic.lr`), updated once per RL step on TD(λ) returns; its
@@ -15,7 +16,10 @@ methods share the project's policy loss (clip-higher 0.2 / 0.28, dual clip 3); v
 defaults differ there (docs/conventions.md). 5 seeds, paired 95 % intervals vs GRPO.
 `:tree` (issue 24, item 4): PPO whose critic regresses TEMPO's prefix-tree values of each
 step's groups (`critic.targets = 'tree'`: a process value model trained on tree labels)
-instead of TD(λ) returns, against GRPO.
+instead of TD(λ) returns, against GRPO. `:advantage` (issue 24, #77): the Advantage Model,
+the critic regressing each response's reward less its group's mean (`critic.targets =
+'advantage'`), its output before the last token used as the response's advantage
+(`advantage_model`), against GRPO.
 """
 
 import ml_collections
@@ -28,16 +32,17 @@ METHODS = 'grpo:iid,ppo:iid,tempo:iid'
 def get_config(arg: str = ''):
   if arg == 'household':  # the critic's values at turn boundaries (`ppo_turns`)
     c = agents.paper('grpo:iid,ppo_turns:iid,tempo:iid')
-  elif arg in ('', 'tree'):
+  elif arg in ('', 'tree', 'advantage'):
     c = tempo.get_config()
-    c.methods = METHODS if not arg else 'grpo:iid,ppo:iid'
+    c.methods = {'': METHODS, 'tree': 'grpo:iid,ppo:iid',
+                 'advantage': 'grpo:iid,advantage_model:iid'}[arg]
   else:
-    raise ValueError(f'configs/ppo.py:{arg}: valid variants are "" (scratch_add), household '
-                     f'and tree')
+    raise ValueError(f'configs/ppo.py:{arg}: valid variants are "" (scratch_add), household, '
+                     f'tree and advantage')
   c.seeds = (0, 1, 2, 3, 4)
   c.critic = ml_collections.ConfigDict(dict(
       lr=c.optimizer.lr, warmup_steps=c.optimizer.warmup_steps, cliprange_value=0.5,
       agg='token-mean', epochs=c.loss.num_epochs, minibatches=c.loss.num_minibatches,
       microbatches=c.loss.num_microbatches,
-      targets='tree' if arg == 'tree' else 'td_lambda'))  # 'td_lambda': verl's returns
+      targets={'tree': 'tree', 'advantage': 'advantage'}.get(arg, 'td_lambda')))  # verl's
   return c

@@ -238,3 +238,54 @@ def test_critic_targets_option_keeps_old_fingerprints_and_refuses_unknown():
   assert fp(base) == fp(old) and fp(tree) != fp(base)
   with pytest.raises(ValueError, match='critic targets'):
     critic_lib.CriticConfig(targets='returns')
+
+
+def test_advantage_targets_and_the_advantage_model_estimator():
+  rng = np.random.default_rng(0)
+  mask = np.arange(5) < rng.integers(0, 6, (2, 4))[..., None]
+  rewards = rng.integers(0, 2, (2, 4)).astype(np.float32)
+  got = np.asarray(critic_lib.advantage_targets(jnp.asarray(mask), jnp.asarray(rewards)))
+  want = np.where(mask, (rewards - rewards.mean(-1, keepdims=True))[..., None], 0.0)
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  # A model whose outputs equal its labels gives R − μ on every token (Dr. GRPO's A).
+  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
+                      rewards=jnp.asarray(rewards), values=jnp.asarray(want))
+  np.testing.assert_allclose(credit.get('advantage_model')(r), want, atol=1e-6)
+  np.testing.assert_allclose(credit.get('advantage_model')(r, scale_by_std=True),
+                             credit.get('grpo')(r), atol=1e-5)
+  # The score is read before the last token only.
+  v = rng.normal(size=mask.shape).astype(np.float32)
+  adv = np.asarray(credit.get('advantage_model')(r.replace(values=jnp.asarray(v))))
+  for b, g in np.ndindex(2, 4):
+    n = mask[b, g].sum()
+    assert np.allclose(adv[b, g], np.where(mask[b, g], v[b, g, n - 1] if n else 0.0, 0.0))
+  with pytest.raises(ValueError, match='values'):
+    credit.get('advantage_model')(r.replace(values=None))
+
+
+def test_advantage_targets_go_with_the_advantage_model_only():
+  from configs import ppo as ppo_config
+  from experiments.training import loop
+  cfg = ppo_config.get_config('advantage')
+  assert cfg.critic.targets == 'advantage'
+  init = {'w': jnp.zeros(1)}
+  with pytest.raises(ValueError, match="goes with credit 'advantage_model'"):
+    critic_lib.from_config(loop.with_method(cfg, 'ppo:iid'), init, None, 0, None)
+  plain = ppo_config.get_config()
+  with pytest.raises(ValueError, match="goes with credit 'advantage_model'"):
+    critic_lib.from_config(loop.with_method(plain, 'advantage_model:iid'), init, None, 0, None)
+
+
+def test_quick_advantage_model_run_trains_its_model(tmp_path):
+  from configs import ppo
+  from experiments.training import loop
+  from tests.test_loop import init_params, quick_cfg
+  cfg = quick_cfg()
+  with cfg.unlocked():
+    cfg.critic = ppo.get_config('advantage').critic
+    cfg.critic.lr = 1e-2
+  cfg.rl.steps, cfg.rl.ckpt_every = 3, 3
+  loop.train(cfg, str(tmp_path), init_params(cfg), method='advantage_model:iid', progress=False)
+  rows = [r for r in loop.read_metrics(str(tmp_path / 'metrics.jsonl')) if 'reward' in r]
+  assert len(rows) == 3 and all(np.isfinite(r['critic/vf_loss']) for r in rows)
+  assert rows[-1]['critic/vf_loss'] != rows[0]['critic/vf_loss']

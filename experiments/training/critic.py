@@ -39,7 +39,7 @@ from experiments.models import decoder
 from experiments.training import train_step as ts
 
 
-TARGETS = ('td_lambda', 'tree')
+TARGETS = ('td_lambda', 'tree', 'advantage')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,9 @@ class CriticConfig:
   num_epochs: int = 1               # verl critic.ppo_epochs
   num_minibatches: int = 1
   num_microbatches: int = 1
-  # The regression targets: 'td_lambda' (verl's returns A^GAE + V) or 'tree' (TEMPO's
-  # prefix-tree values V(s_t) of the step's groups: a process value model on tree labels).
+  # The regression targets: 'td_lambda' (verl's returns A^GAE + V), 'tree' (TEMPO's
+  # prefix-tree values V(s_t) of the step's groups: a process value model on tree labels)
+  # or 'advantage' (R_i − the group's mean reward on every token: the Advantage Model, #77).
   targets: str = 'td_lambda'
 
   def __post_init__(self):
@@ -146,6 +147,15 @@ def tree_targets(tokens, mask, rewards):
   return trees.prefix_values(trees.build(tokens, mask), rewards)[0]
 
 
+@jax.jit
+def advantage_targets(mask, rewards):
+  """float32 [B, G, L]: R_i − mean_g R_g on every token of response i (the Advantage Model's
+  labels, #77: the reward beyond the prompt's expected reward, centred per prompt so its
+  scale is comparable across prompts); 0 on masked tokens. Outcome rewards only."""
+  r = jnp.asarray(rewards, jnp.float32)
+  return jnp.where(mask, (r - jnp.mean(r, -1, keepdims=True))[..., None], 0.0)
+
+
 def critic_step(state: ts.TrainState, batch: CriticBatch, *, cfg: decoder.PolicyConfig,
                 ccfg: CriticConfig):
   """num_epochs x num_minibatches value-loss updates on one batch of N rows (N must divide
@@ -213,6 +223,10 @@ def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
       targets=get('targets', 'td_lambda'))
   tx = ts.make_optimizer(float(get('lr', o.lr)), int(get('warmup_steps', o.warmup_steps)),
                          o.weight_decay, o.grad_clip, o.b1, o.b2)
+  if (ccfg.targets == 'advantage') != (cfg.credit.name == 'advantage_model'):
+    raise ValueError(f"critic.targets = 'advantage' (the Advantage Model's labels) goes with "
+                     f"credit 'advantage_model' and only with it; got targets "
+                     f"{ccfg.targets!r} for credit {cfg.credit.name!r}")
   state = ts.shard_state(init_state(init_params, pcfg, tx, seed=run_seed + 1), mesh)
   sig = inspect.signature(credit.get(cfg.credit.name)).parameters
   hp = cfg.credit.hparams
@@ -225,11 +239,16 @@ def update_on_samples(critic_state, prompts, plen, samples, values, rewards, tok
                       policy_mask, mesh, *, pcfg, ccfg, gamma_lam):
   """One critic update on this step's rollouts: TD(λ) targets from `values` (the critic's
   before the update, also the clipping anchor), or with `ccfg.targets == 'tree'` the prefix
-  tree's values of each group (`tree_targets`), on the trained tokens. Returns (state,
+  tree's values of each group (`tree_targets`), or with 'advantage' each response's reward
+  less its group's mean (`advantage_targets`), on the trained tokens. Returns (state,
   {'critic/vf_loss', 'critic/vf_clipfrac', 'critic/vpred_mean', 'critic/grad_norm'})."""
   b, g, l = samples.tokens.shape
-  returns = (tree_targets(samples.tokens, samples.mask, rewards) if ccfg.targets == 'tree'
-             else targets(rewards, values, samples.mask, token_rewards, *gamma_lam))
+  if ccfg.targets == 'tree':
+    returns = tree_targets(samples.tokens, samples.mask, rewards)
+  elif ccfg.targets == 'advantage':
+    returns = advantage_targets(samples.mask, rewards)
+  else:
+    returns = targets(rewards, values, samples.mask, token_rewards, *gamma_lam)
   mask = samples.mask if policy_mask is None else samples.mask & policy_mask
   flat = lambda x: x.reshape(b * g, l)
   batch = CriticBatch(prompts=jnp.repeat(prompts, g, axis=0), tokens=flat(samples.tokens),
