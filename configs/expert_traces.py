@@ -6,12 +6,24 @@ fused with the outcome) vs GRPO on household, `configs.agents.paper`'s budget
 (expert warm start, 30 RL steps x 16 start states x G = 8), 5 seeds, paired intervals at
 matched environment steps (the GRPO runs are those of configs/milestones.py and
 configs/turn_norm.py: share a workdir to reuse them).
+
+`:steps`: InT (#131, `intervention`) vs GRPO on scratch_add, `configs.tempo.family`'s budget:
+before RL, 10 SFT steps on the policy's own failures with their first wrong step replaced
+by the demonstration's (experiments/training/interventions.py); its sampled tokens count in
+the matched generated tokens.
+
+    python -m experiments.expert_traces [--config=configs/expert_traces.py:steps]
 """
 
-from configs import agents
+from configs import agents, tempo
 
 
-def get_config():
+def get_config(arg: str = ''):
+  if arg == 'steps':
+    return tempo.family('intervention:iid')
+  if arg:
+    raise ValueError(f'configs/expert_traces.py:{arg}: valid variants are "" (household) and '
+                     f'steps')
   c = agents.paper('grpo:iid,matchtir:iid,infopo:iid')
   c.seeds = (0, 1, 2, 3, 4)
   return c

@@ -1,5 +1,5 @@
 """Expert-trace and counterfactual turn credit for agents (issue 23): MatchTIR (#27) and
-InfoPO (#41).
+InfoPO (#41); InT (#131), the reference's step in place of the first error, before RL.
 
 `matchtir(turns, ...) -> advantages [..., G, K]` reads `Turns.expert_matches` (the loop fills
 them when an estimator needs them: each turn's action matched one-to-one against the
@@ -13,7 +13,9 @@ import jax.numpy as jnp
 
 from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
                            _token_level, _validated)
+from credit.outcome import grpo_per_response
 from credit.registry import register
+from credit.rollouts import Rollouts
 from credit.turns import Turns, discounted_returns, episode_returns
 from trees.step_graph import map_groups
 
@@ -85,3 +87,21 @@ def infopo(turns: Turns, beta: float = 0.5, gamma: float = 1.0, scale_by_std: bo
 
 EXPERT_TRACE_ESTIMATORS["infopo"] = infopo
 register("infopo", needs=("turns", "info_gains"))(_from_rollouts("infopo", _token_level(infopo)))
+
+
+@register("intervention", needs=("interventions",))
+def intervention(rollouts: Rollouts, *, scale_by_std: bool = True, eps: float = _EPS,
+                 intervention_steps: int = 10, intervention_lr: float = 3e-4):
+  """InT (#131): find each failed response's first error against the reference, replace
+  that single step with the reference's, and fine-tune on the prefix + intervention before
+  RL. The loop runs that phase when a run starts (experiments/training/interventions.py:
+  `intervention_steps` SFT steps at `intervention_lr` on the policy's own failures, the
+  loss on the intervention tokens only; scratch_add's step verifier locates the error and
+  its demonstration supplies the step); RL's credit is then GRPO's, which this returns.
+  Readings: the reference is the task's demonstration (the paper's is a reference
+  solution the model compares against); the phase samples with the run's sampler, and its
+  tokens count in the run's generated tokens. Returns float32 [..., G, L].
+  """
+  del intervention_steps, intervention_lr  # the loop's phase reads them
+  adv = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
+  return jnp.where(rollouts.mask, adv[..., None], 0.0).astype(jnp.float32)

@@ -203,6 +203,35 @@ class ScratchpadAddition(base.Task):
     v = self.verify(responses, mask, info)
     return (jnp.all(v["step_valid"], -1) & v["answer_ok"]).astype(jnp.float32)
 
+  def interventions(self, prompts, responses, mask, info):
+    """InT's single-step interventions (#131): (tokens int32 [n, R], loss_mask bool [n, R],
+    ok bool [n]) for responses [n, R]. A response that is not fully right keeps its
+    leading valid steps and gets, in place of its first wrong step, the demonstration's
+    step for the same column (the same carry in, so it continues a valid prefix), or, when
+    every step is valid, the demonstration's answer and EOS; `loss_mask` is on those tokens
+    only (the prefix is context). ok is False for right responses."""
+    v = self.verify(responses, mask, info)
+    demo, dmask = self.demonstrations(prompts, info)
+    dv = self.verify(demo, dmask, info)
+    return _cot.over_batch(self._intervene_one, responses.shape[:-1], responses,
+                           v["step_valid"], v["step_end"], v["answer_ok"], demo,
+                           dv["step_end"], dv["eos"])
+
+  def _intervene_one(self, response, step_valid, step_end, answer_ok, demo, d_end, d_eos):
+    d, r = self.num_digits, self.response_len
+    k = jnp.sum(jnp.cumprod(step_valid.astype(jnp.int32)))  # leading valid steps
+    ends = jnp.append(step_end, r)
+    d_ends = jnp.append(d_end, d_eos)  # the demonstration's step ends, then its EOS
+    keep = jnp.where(k > 0, ends[jnp.maximum(k - 1, 0)] + 1, 0)  # the valid prefix
+    src0 = jnp.where(k > 0, d_ends[jnp.maximum(k - 1, 0)] + 1, 0)
+    seg = d_ends[k] + 1 - src0  # step k of the demonstration (k = D: its answer and EOS)
+    t = jnp.arange(r)
+    gold = demo[jnp.clip(src0 + t - keep, 0, r - 1)]
+    inside = (t >= keep) & (t < keep + seg)
+    tokens = jnp.where(t < keep, response, jnp.where(inside, gold, self.pad_id))
+    ok = ~((k == d) & answer_ok) & (keep + seg <= r)
+    return tokens, inside & ok, ok
+
   def token_rewards(self, prompts, responses, mask, info):
     """float32 [n, R] process rewards: 1/(D+1) at the ',' of each step in the prefix of
     valid steps, and 1/(D+1) at the first EOS iff the reward is 1. Sums to 1 iff reward 1."""

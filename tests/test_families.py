@@ -11,7 +11,8 @@ from configs import tempo as tempo_config
 from experiments.training import compare, loop
 
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
-            'context_shift', 'saliency', 'probes', 'hindsight:plain', 'milestones:steps')
+            'context_shift', 'saliency', 'probes', 'hindsight:plain', 'milestones:steps',
+            'expert_traces:steps')
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:
@@ -22,6 +23,11 @@ EQUAL_TO_GRPO_HERE = {
     'ddca:iid',   # one-digit responses: every correct response has the same length
     'dvao:iid',   # one column: the process reward is the outcome, so one objective
 }
+
+
+# Methods whose RL starts from other params (a phase of their own first), with the step-0
+# field that shows the phase ran:
+STARTS_ELSEWHERE = {'intervention:iid': 'intervention_rows'}
 
 
 @pytest.fixture(scope='module')
@@ -57,6 +63,9 @@ def test_family_quick(family, workdir):
   same = []
   for m in methods[1:]:
     step1 = rows[m][1]
+    if m in STARTS_ELSEWHERE:  # its RL starts after its own phase: another first batch
+      assert rows[m][0][STARTS_ELSEWHERE[m]] > 0, m
+      continue
     # Same start, same seed: the same first batch as GRPO ...
     assert step1['reward'] == base['reward'] and step1['generated_tokens'] == base['generated_tokens'], m
     assert step1['frac_groups_with_signal'] > 0, m

@@ -69,6 +69,7 @@ from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
 from experiments.training import hindsight as hindsight_lib
+from experiments.training import interventions as interventions_lib
 from experiments.training import probes as probes_lib
 from experiments.training import replay as replay_lib
 from experiments.training import saliency as saliency_lib
@@ -514,6 +515,15 @@ def _hinted_batch(key, *, task, n, frac):
   return wide, plen, responses, mask
 
 
+@functools.partial(jax.jit, static_argnames=('task',))
+def _intervention_rows(prompts, tokens, mask, info, *, task):
+  b, g, l = tokens.shape
+  rep = lambda x: jnp.repeat(x, g, 0)
+  out, loss_mask, ok = task.interventions(rep(prompts), tokens.reshape(b * g, l),
+                                          mask.reshape(b * g, l), jax.tree.map(rep, info))
+  return rep(prompts), out, loss_mask, ok
+
+
 class JaxProblem:
   """A JAX task (envs.registry) for the loop: prompts and rewards computed in jit.
 
@@ -569,6 +579,15 @@ class JaxProblem:
       raise ValueError(f'sft.hindsight_frac needs a chain-of-thought task with '
                        f'`reasoning_steps`; {type(self.task).__name__} has none')
     return _hinted_batch(key, task=self.task, n=n, frac=frac)
+
+  def interventions(self, draw, samples):
+    """InT's rows (prompts [N, P], tokens [N, L], loss_mask [N, L], ok [N]) of the N = B·G
+    responses (`task.interventions`; experiments/training/interventions.py)."""
+    if not hasattr(self.task, 'interventions'):
+      raise ValueError(f'InT needs single-step interventions, which '
+                       f'{type(self.task).__name__} does not build (scratch_add does)')
+    return _intervention_rows(draw.prompts, samples.tokens, samples.mask, draw.handle,
+                              task=self.task)
 
   def evaluate(self, params, ecfg) -> dict:
     return evaluate(params, self.pcfg, self.task, ecfg)
@@ -1006,12 +1025,22 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   start, wall0 = 0, 0.0
   if restored is not None:
     state, start, wall0 = restored, meta['rl_step'], meta['wall_s']
+  phase_info = {}
+  if 'interventions' in needs and restored is None:  # InT: fine-tune on fixed failures first
+    sample_fn = lambda params, k, draw: sample(params, pcfg, problem, scfg, k, draw.prompts,
+                                               prompt_ids=draw.prompt_ids)
+    params, phase_info = interventions_lib.phase(
+        state.params, problem, sample_fn, jax.random.fold_in(jax.random.PRNGKey(run_seed), 7),
+        steps=int(hparams.get('intervention_steps', 10)), batch=cfg.rl.prompts_per_step,
+        lr=float(hparams.get('intervention_lr', 3e-4)))
+    state = state.replace(params=params)
   state = ts.shard_state(state, mesh)
   ref_params = jax.device_put(init_params, ts.param_sharding(init_params, mesh))  # as policy
   writer = MetricsWriter(os.path.join(workdir, 'metrics.jsonl'),
                          start if restored is not None else None)
   old_rows = writer.rows  # the rows up to the restored step (a torn final line dropped)
   gen_total = max([r.get('generated_tokens_total', 0.0) for r in old_rows] + [0.0])
+  gen_total += phase_info.get('intervention_generated_tokens', 0.0)  # InT's phase samples
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   b = cfg.rl.prompts_per_step
   est = credit_fn(cfg.credit.name, hparams_json, scfg.name not in ('iid', 'lagged'), stateful)
@@ -1068,7 +1097,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   try:
     if start == 0:  # eval of the starting policy, logged as step 0
       last_eval = problem.evaluate(state.params, cfg.eval)
-      writer.write(dict(step=0, wall_s=0.0, method=method, seed=seed, **last_eval))
+      writer.write(dict(step=0, wall_s=0.0, method=method, seed=seed, **last_eval,
+                        **phase_info))
     for i in bar:
       k = jax.random.fold_in(key, i)
       t0 = time.perf_counter()

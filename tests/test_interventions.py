@@ -1,0 +1,104 @@
+"""InT (#131): scratch_add's single-step interventions against hand-built responses, the
+`intervention` estimator's GRPO credit, and the intervention phase through the loop."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import credit
+from envs.scratchpad_addition import ScratchpadAddition
+from groups import grpo_ref
+
+TASK = ScratchpadAddition(num_digits=3)
+
+
+def _split(tokens, mask):
+  """The steps of a response as token lists (each through its ','), then the rest."""
+  out, cur = [], []
+  for t, m in zip(tokens, mask):
+    if not m:
+      break
+    cur.append(int(t))
+    if t == TASK.token_id(','):
+      out.append(cur)
+      cur = []
+  return out, cur
+
+
+def test_interventions_replace_the_first_wrong_step_with_the_demonstrations():
+  n = 8
+  prompts, info = TASK.sample(jax.random.key(0), n)
+  gold, gmask = (np.asarray(x) for x in TASK.demonstrations(prompts, info))
+  other_style = TASK.sample(jax.random.key(1), n)[1]['style']
+  resp, rmask = (np.asarray(x) for x in TASK.demonstrations(prompts, {**info,
+                                                                      'style': other_style}))
+  rows, masks, wrong = [], [], []
+  for i in range(n):  # response i: the other style's valid path, broken at step i % (D + 1)
+    k = i % (TASK.num_digits + 1)
+    steps, rest = _split(resp[i], rmask[i])
+    if k < TASK.num_digits:
+      steps[k] = list(steps[k])
+      eq = steps[k].index(TASK.token_id('='))
+      steps[k][eq + 1] = (steps[k][eq + 1] + 1) % 10  # a wrong total digit
+    else:
+      rest = [(rest[0] + 1) % 10] + rest[1:]  # a wrong answer digit
+    toks = sum(steps, []) + rest
+    rows.append(toks + [TASK.pad_id] * (TASK.response_len - len(toks)))
+    masks.append([True] * len(toks) + [False] * (TASK.response_len - len(toks)))
+    wrong.append(k)
+  rows, masks = np.asarray(rows, np.int32), np.asarray(masks)
+  # Row n-1 stays right: nothing to fix.
+  rows[-1], masks[-1] = resp[-1], rmask[-1]
+  tokens, loss_mask, ok = (np.asarray(x) for x in TASK.interventions(
+      prompts, jnp.asarray(rows), jnp.asarray(masks), info))
+  assert not ok[-1] and not loss_mask[-1].any()
+  for i in range(n - 1):
+    k = wrong[i]
+    steps, _ = _split(rows[i], masks[i])
+    gsteps, grest = _split(gold[i], gmask[i])
+    fix = gsteps[k] if k < TASK.num_digits else grest  # the answer and EOS
+    prefix = sum(steps[:k], [])
+    want = prefix + fix
+    assert ok[i]
+    assert list(tokens[i, :len(want)]) == want, i
+    assert all(t == TASK.pad_id for t in tokens[i, len(want):])
+    assert list(np.nonzero(loss_mask[i])[0]) == list(range(len(prefix), len(want)))
+
+
+def test_intervention_credit_is_grpo():
+  rng = np.random.default_rng(0)
+  mask = np.arange(4) < rng.integers(0, 5, (2, 3))[..., None]
+  rewards = rng.integers(0, 2, (2, 3)).astype(np.float32)
+  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
+                      rewards=jnp.asarray(rewards))
+  want = np.where(mask, grpo_ref(rewards)[..., None], 0.0)
+  np.testing.assert_allclose(credit.get('intervention')(r), want, atol=1e-6)
+  np.testing.assert_allclose(credit.get('intervention')(r), credit.get('grpo')(r), atol=1e-6)
+
+
+def test_the_phase_runs_before_rl_and_counts_its_tokens(tmp_path):
+  from experiments.training import loop
+  from tests.test_loop import init_params, quick_cfg
+  cfg = quick_cfg(default_task=True)
+  cfg.task.kwargs = {'num_digits': 2}
+  cfg.rl.steps, cfg.rl.ckpt_every = 1, 1
+  cfg.credit.hparams = {'intervention_steps': 2}
+  init = init_params(cfg)
+  loop.train(cfg, str(tmp_path / 'int'), init, method='intervention:iid', progress=False)
+  cfg.credit.hparams = {}
+  loop.train(cfg, str(tmp_path / 'grpo'), init, method='grpo:iid', progress=False)
+  rows = loop.read_metrics(str(tmp_path / 'int' / 'metrics.jsonl'))
+  base = loop.read_metrics(str(tmp_path / 'grpo' / 'metrics.jsonl'))
+  first = rows[0]
+  assert first['intervention_rows'] > 0 and first['intervention_s'] > 0
+  assert np.isfinite(first['intervention_loss'])
+  phase_tokens = first['intervention_generated_tokens']
+  assert phase_tokens > 0
+  np.testing.assert_allclose(rows[1]['generated_tokens_total'],
+                             phase_tokens + rows[1]['generated_tokens'], rtol=1e-6)
+  assert base[1]['generated_tokens_total'] == base[1]['generated_tokens']
+  cfg.task.name, cfg.task.kwargs = 'addition', {'num_digits': 3}  # no step verifier
+  import pytest
+  with pytest.raises(ValueError, match='single-step interventions'):
+    loop.train(cfg, str(tmp_path / 'add'), init_params(cfg), method='intervention:iid',
+               progress=False)
