@@ -4,12 +4,24 @@ AVATAR's replay (#34: also a stored failure into all-success groups) and off-pol
 per seed (rl.prompt_pool; every method, GRPO included, trains on the same pool, so each
 prompt recurs about 10 times in 40 steps). `configs.tempo.family`'s budget otherwise: 5
 seeds, matched generated tokens (replayed responses are not counted as generated).
+
+`:offline`: offline reward-weighted fine-tuning (#203, `rwft:lagged:rgra`: reward-weighted
+NLL on rollouts of the frozen warm start, `sampler.lag` = the run's steps) vs GRPO on fresh
+prompts, `configs.tempo.family`'s budget.
+
+    python -m experiments.replay [--config=configs/replay.py:offline]
 """
 
 from configs import tempo
 
 
-def get_config():
+def get_config(arg: str = ''):
+  if arg == 'offline':
+    c = tempo.family('rwft:lagged:rgra')
+    c.sampler.lag = c.rl.steps
+    return c
+  if arg:
+    raise ValueError(f'configs/replay.py:{arg}: valid variants are "" and offline')
   c = tempo.family('r3:iid,avatar:iid,grpo:lagged')
   c.rl.prompt_pool = 256
   return c

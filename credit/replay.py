@@ -1,4 +1,5 @@
-"""Replay credit (issue 23's off-policy family): R³ (#73) and AVATAR's replay (#34).
+"""Replay credit (issue 23's off-policy family): R³ (#73) and AVATAR's replay (#34); offline
+reward-weighted fine-tuning (#203).
 
 The loop does the replaying (`experiments/training/replay.py`): with `needs=('replay',)` it
 keeps each pool prompt's newest successful response and puts it in place of the last
@@ -6,6 +7,8 @@ response of a group whose responses all failed, with the log-probabilities it wa
 with; with `'replay_failures'` too, it keeps the newest failure and puts it into groups that
 all succeeded. The estimator then sees a group with signal where GRPO's would be all zero.
 """
+
+import jax.numpy as jnp
 
 from credit.outcome import grpo
 from credit.registry import register
@@ -44,3 +47,17 @@ def avatar(rollouts: Rollouts, success: float = 1.0, replay_logprobs: str = "beh
   """
   return r3(rollouts, success=success, replay_logprobs=replay_logprobs,
             scale_by_std=scale_by_std, eps=eps)
+
+
+@register("rwft")
+def rwft(rollouts: Rollouts, baseline: float = 0.0):
+  """Offline reward-weighted fine-tuning (#203): offline RL recast as SFT on stored rollouts,
+  each weighted by its reward: A_i = R_i − b on every token (b = `baseline`, 0 in the
+  paper's recipe; with 0/1 rewards, SFT on the successes). Run it with the no-ratio loss
+  (`rgra`: −A·log π, weighted NLL) and the lagged sampler with `sampler.lag` >= the run's
+  steps, so every rollout comes from the frozen warm start: a fixed offline dataset's
+  distribution, drawn as training goes (`configs/replay.py:offline`). Returns float32
+  [..., G, L], 0 on masked tokens.
+  """
+  r = jnp.asarray(rollouts.rewards, jnp.float32) - baseline
+  return jnp.where(rollouts.mask, r[..., None], 0.0)

@@ -12,7 +12,7 @@ from experiments.training import compare, loop
 
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
             'context_shift', 'saliency', 'probes', 'hindsight:plain', 'milestones:steps',
-            'expert_traces:steps')
+            'expert_traces:steps', 'replay:offline')
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import credit
 from experiments.rollouts.sampling import Samples
 from experiments.training import loop, replay
 from tests.test_loop import quick_cfg, strip
@@ -182,3 +183,14 @@ def test_replay_family_script_runs_quick(tmp_path):
   for m in summary['methods']:
     rows = loop.read_metrics(tmp_path / m.replace(':', '_') / 'seed0' / 'metrics.jsonl')
     assert [r['step'] for r in rows] == [0, 1, 2] and all(np.isfinite(r['loss']) for r in rows[1:])
+
+
+def test_rwft_weights_every_token_by_its_reward():
+  rng = np.random.default_rng(2)
+  mask = np.arange(5) < rng.integers(0, 6, (2, 3))[..., None]
+  rewards = rng.integers(0, 2, (2, 3)).astype(np.float32)
+  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
+                      rewards=jnp.asarray(rewards))
+  for b in (0.0, 0.25):
+    want = np.where(mask, (rewards - b)[..., None], 0.0)
+    np.testing.assert_allclose(credit.get('rwft')(r, baseline=b), want, atol=1e-7)
