@@ -134,17 +134,18 @@ def bilevel_gae(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0,
 
 
 @register("advantage_model", needs=("values",))
-def advantage_model(rollouts: Rollouts, scale_by_std: bool = False, eps: float = 1e-6):
+def advantage_model(rollouts: Rollouts, center: bool = True):
   """Advantage Model (#77): a learned model that outputs the advantage of a response
   directly, its extra reward over the prompt's expected reward, instead of a reward to be
   baselined. The critic (experiments/training/critic.py) trained with `critic.targets =
   'advantage'` regresses R_i − mean_g R_g on every token, so its value before token t is a
-  learned E[R − E R | prompt, y_<t]. Reading: response i's advantage is the model's output
+  learned E[R − E R | prompt, y_<t]. Reading: response i's score s_i is the model's output
   before its last token (which, for a response that ends in EOS, has read the whole
-  answer), on every token; `scale_by_std` divides by the group's reward σ + ε. The model's
-  outputs are centred per prompt by its labels (the abstract's regulated score
-  distributions); selective rehearsal is not built. With the model's output equal to its
-  labels this is Dr. GRPO's R_i − μ (GRPO's advantage with `scale_by_std`). Returns float32
+  answer); A_i = s_i − mean_g s_g on every token (`center`: the abstract's regulated score
+  distribution, zero mean per prompt, also while the model is still untrained: uncentred,
+  an untrained model's common offset pushes every sampled response up or down, which
+  collapsed training in our first run); selective rehearsal is not built. With the
+  model's output equal to its labels this is Dr. GRPO's R_i − μ. Returns float32
   [..., G, L], 0 on masked tokens.
   """
   if rollouts.values is None:
@@ -154,6 +155,6 @@ def advantage_model(rollouts: Rollouts, scale_by_std: bool = False, eps: float =
   n = jnp.sum(mask, -1, keepdims=True)
   v = jnp.asarray(rollouts.values, jnp.float32)
   score = jnp.where(n > 0, jnp.take_along_axis(v, jnp.maximum(n - 1, 0), -1), 0.0)[..., 0]
-  if scale_by_std:
-    score = score / (group_stats(jnp.asarray(rollouts.rewards, jnp.float32))[1] + eps)
+  if center:
+    score = score - jnp.mean(score, -1, keepdims=True)
   return jnp.where(mask, score[..., None], 0.0)

@@ -250,15 +250,19 @@ def test_advantage_targets_and_the_advantage_model_estimator():
   # A model whose outputs equal its labels gives R − μ on every token (Dr. GRPO's A).
   r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
                       rewards=jnp.asarray(rewards), values=jnp.asarray(want))
-  np.testing.assert_allclose(credit.get('advantage_model')(r), want, atol=1e-6)
-  np.testing.assert_allclose(credit.get('advantage_model')(r, scale_by_std=True),
-                             credit.get('grpo')(r), atol=1e-5)
-  # The score is read before the last token only.
+  full = np.where(mask, (rewards - rewards.mean(-1, keepdims=True))[..., None], 0.0)
+  np.testing.assert_allclose(credit.get('advantage_model')(r), full, atol=1e-6)
+  np.testing.assert_allclose(credit.get('dr_grpo')(r), full, atol=1e-6)
+  # The score is read before the last token, then centred over the group.
   v = rng.normal(size=mask.shape).astype(np.float32)
-  adv = np.asarray(credit.get('advantage_model')(r.replace(values=jnp.asarray(v))))
-  for b, g in np.ndindex(2, 4):
-    n = mask[b, g].sum()
-    assert np.allclose(adv[b, g], np.where(mask[b, g], v[b, g, n - 1] if n else 0.0, 0.0))
+  for center in (True, False):
+    adv = np.asarray(credit.get('advantage_model')(r.replace(values=jnp.asarray(v)),
+                                                   center=center))
+    for b in range(2):
+      n = mask[b].sum(-1)
+      score = np.array([v[b, g, n[g] - 1] if n[g] else 0.0 for g in range(4)])
+      score = score - score.mean() if center else score
+      np.testing.assert_allclose(adv[b], np.where(mask[b], score[:, None], 0.0), atol=1e-6)
   with pytest.raises(ValueError, match='values'):
     credit.get('advantage_model')(r.replace(values=None))
 
