@@ -6,6 +6,7 @@ whitened over the batch (`credit` estimator `ppo`), and verl's clipped value los
     python -m experiments.ppo --config=configs/ppo.py:household   # household (ppo_turns), the agents' budget
     python -m experiments.ppo --config=configs/ppo.py:tree        # the critic trained on tree values
     python -m experiments.ppo --config=configs/ppo.py:advantage   # the Advantage Model (#77)
+    python -m experiments.ppo --config=configs/ppo.py:pum         # a prefix utility model (#90)
 
 The critic (experiments/training/critic.py) is a copy of the warm-start policy with a zero
 value head, its own Adam (lr `critic.lr`), updated once per RL step on TD(λ) returns; its
@@ -19,7 +20,9 @@ step's groups (`critic.targets = 'tree'`: a process value model trained on tree 
 instead of TD(λ) returns, against GRPO. `:advantage` (issue 24, #77): the Advantage Model,
 the critic regressing each response's reward less its group's mean (`critic.targets =
 'advantage'`), its output before the last token used as the response's advantage
-(`advantage_model`), against GRPO.
+(`advantage_model`), against GRPO. `:pum` (#90): a prefix utility model, the critic ranking
+each response's prefixes by their tree values (`critic.targets = 'tree'`, `critic.loss =
+'rank'`), its utility gain over each reasoning step added to GRPO (`pum`), against GRPO.
 """
 
 import ml_collections
@@ -32,17 +35,18 @@ METHODS = 'grpo:iid,ppo:iid,tempo:iid'
 def get_config(arg: str = ''):
   if arg == 'household':  # the critic's values at turn boundaries (`ppo_turns`)
     c = agents.paper('grpo:iid,ppo_turns:iid,tempo:iid')
-  elif arg in ('', 'tree', 'advantage'):
+  elif arg in ('', 'tree', 'advantage', 'pum'):
     c = tempo.get_config()
-    c.methods = {'': METHODS, 'tree': 'grpo:iid,ppo:iid',
+    c.methods = {'': METHODS, 'tree': 'grpo:iid,ppo:iid', 'pum': 'grpo:iid,pum:iid',
                  'advantage': 'grpo:iid,advantage_model:iid'}[arg]
   else:
     raise ValueError(f'configs/ppo.py:{arg}: valid variants are "" (scratch_add), household, '
-                     f'tree and advantage')
+                     f'tree, advantage and pum')
   c.seeds = (0, 1, 2, 3, 4)
   c.critic = ml_collections.ConfigDict(dict(
       lr=c.optimizer.lr, warmup_steps=c.optimizer.warmup_steps, cliprange_value=0.5,
       agg='token-mean', epochs=c.loss.num_epochs, minibatches=c.loss.num_minibatches,
       microbatches=c.loss.num_microbatches,
-      targets={'tree': 'tree', 'advantage': 'advantage'}.get(arg, 'td_lambda')))  # verl's
+      targets={'tree': 'tree', 'pum': 'tree', 'advantage': 'advantage'}.get(arg, 'td_lambda'),
+      loss='rank' if arg == 'pum' else 'mse'))  # 'td_lambda', 'mse': verl's
   return c

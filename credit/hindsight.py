@@ -20,7 +20,7 @@ from credit.implied_values import _step_sums  # each token's step total
 from credit.outcome import grpo_per_response
 from credit.probes import _normalised_over_group
 from credit.registry import register
-from credit.rollouts import Rollouts
+from credit.rollouts import Rollouts, reasoning_steps
 
 
 def _log_ratio(rollouts: Rollouts, who: str):
@@ -32,14 +32,7 @@ def _log_ratio(rollouts: Rollouts, who: str):
   policy = rollouts.sampling_logprobs
   if policy is None:
     raise ValueError(f"{who} needs rollouts.logprobs (or old_logprobs): log π(y | prompt).")
-  mask = jnp.asarray(rollouts.trained_mask, bool)
-  ends = jnp.asarray(rollouts.step_ends, bool) & jnp.asarray(rollouts.mask, bool)
-  step = jnp.cumsum(ends, -1) - ends
-  # A step end on the response's last token closes its answer (scratch_add, countdown_steps:
-  # the EOS), which the teacher could copy: it gets no hindsight term.
-  n = jnp.sum(jnp.asarray(rollouts.mask, bool), -1, keepdims=True)
-  final = jnp.take_along_axis(ends, jnp.maximum(n - 1, 0), -1) & (n > 0)
-  closed = mask & (step < jnp.sum(ends, -1, keepdims=True) - final)
+  closed, ends = reasoning_steps(rollouts)
   d = jnp.asarray(rollouts.hindsight_logprobs, jnp.float32) - jnp.asarray(policy, jnp.float32)
   d = jnp.where(closed, d, 0.0)
   return d, closed, ends & closed, _step_sums(d, closed, ends)
@@ -86,11 +79,19 @@ def hcapo(rollouts: Rollouts, *, omega: float = 0.5, clip: float = 1.0,
   ω = 0 is GRPO. Returns float32 [..., G, L].
   """
   _, closed, is_end, total = _log_ratio(rollouts, "hcapo")
-  outcome = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
-  count = _step_sums(closed.astype(jnp.float32), closed, jnp.asarray(rollouts.step_ends, bool))
+  count = _step_sums(closed.astype(jnp.float32), closed, is_end)
   mean = total / jnp.maximum(count, 1.0)
   r = jnp.asarray(rollouts.rewards, jnp.float32)[..., None]
-  q = _normalised_over_group((1.0 - jnp.exp(-jnp.clip(mean, -clip, clip))) * r, is_end, eps)
-  step_term = _step_sums(q, closed, jnp.asarray(rollouts.step_ends, bool))  # end -> its step
+  q = (1.0 - jnp.exp(-jnp.clip(mean, -clip, clip))) * r
+  return outcome_plus_step_term(rollouts, q, closed, is_end, omega, scale_by_std, eps)
+
+
+def outcome_plus_step_term(rollouts, per_step, closed, is_end, coef, scale_by_std, eps):
+  """A = A_GRPO + coef · q̃_j on the tokens of reasoning step j, A_GRPO elsewhere, with
+  q̃ = `per_step` (each step's value, read at its end) normalised over the group's steps
+  ((q − μ)/(σ + ε), P2S's normalisation). HCAPO and PUM."""
+  outcome = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
+  q = _normalised_over_group(per_step, is_end, eps)
+  step_term = _step_sums(jnp.where(is_end, q, 0.0), closed, is_end)  # end -> its step
   mask = jnp.asarray(rollouts.trained_mask, bool)
-  return jnp.where(mask, outcome[..., None] + omega * step_term, 0.0).astype(jnp.float32)
+  return jnp.where(mask, outcome[..., None] + coef * step_term, 0.0).astype(jnp.float32)

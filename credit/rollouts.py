@@ -4,6 +4,7 @@ from typing import Optional
 
 import flax
 import jax
+import jax.numpy as jnp
 
 import trees
 from credit.turns import Turns
@@ -110,6 +111,22 @@ class StepProbes:
   logprobs: jax.Array
   entropy: jax.Array
   mask: jax.Array
+
+
+def reasoning_steps(rollouts: Rollouts):
+  """(tokens bool [..., G, L], ends bool [..., G, L]): the trained tokens of each response's
+  reasoning steps and their step ends. A step is the tokens after one `step_ends` True
+  through the next; the reasoning steps are the closed ones, except one closed on the
+  response's last token, which is its answer (scratch_add and countdown_steps close the
+  answer with its EOS). Needs `step_ends`."""
+  mask = jnp.asarray(rollouts.mask, bool)
+  ends = jnp.asarray(rollouts.step_ends, bool) & mask
+  n = jnp.sum(mask, -1, keepdims=True)
+  final = jnp.take_along_axis(ends, jnp.maximum(n - 1, 0), -1) & (n > 0)
+  step = jnp.cumsum(ends, -1) - ends
+  tokens = jnp.asarray(rollouts.trained_mask, bool) & (
+      step < jnp.sum(ends, -1, keepdims=True) - final)
+  return tokens, ends
 
 
 def tree_of(rollouts: Rollouts) -> trees.PrefixTree:

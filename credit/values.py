@@ -14,10 +14,11 @@ import jax.numpy as jnp
 
 import trees
 from credit.groups import group_stats, masked_whiten
+from credit.hindsight import outcome_plus_step_term
 from credit.implied_values import _step_sums  # one step-sum for both families
 from credit.registry import register
 from credit.returns import gae_advantages, reverse_linear_scan
-from credit.rollouts import Rollouts, tree_of
+from credit.rollouts import Rollouts, reasoning_steps, tree_of
 from credit.turns import turn_to_tokens, validate_turns
 
 GRANULARITIES = ("token", "step")
@@ -158,3 +159,27 @@ def advantage_model(rollouts: Rollouts, center: bool = True):
   if center:
     score = score - jnp.mean(score, -1, keepdims=True)
   return jnp.where(mask, score[..., None], 0.0)
+
+
+@register("pum", needs=("values", "step_ends"))
+def pum(rollouts: Rollouts, coef: float = 0.5, scale_by_std: bool = True, eps: float = 1e-6):
+  """PUM (#90): a prefix utility model U trained with a pairwise ranking objective on prefix
+  gains (the solve-rate lift of continuing from a prefix) scores reasoning prefixes; in RL
+  it supplies prefix-level supervision. The critic trained with `critic.targets = 'tree'`
+  (each prefix's solve rate in its sampled group, whose differences are the prefix gains)
+  and `critic.loss = 'rank'` is U: `rollouts.values` [..., G, L] is U before each token.
+  Reading: reasoning step j's utility gain ΔU_j = U(after step j) − U(before it), normalised
+  over the group's reasoning steps, is added to GRPO's A_i on the step's tokens:
+  A = A_i + coef · ΔŨ_j (the answer's tokens keep A_i; P2S's form, with U in place of a
+  probe). U is scale-free (ranked, not regressed), hence the normalisation. coef = 0 is
+  GRPO. Returns float32 [..., G, L].
+  """
+  if rollouts.values is None or rollouts.step_ends is None:
+    raise ValueError("pum needs rollouts.values (a prefix utility model: critic.targets = "
+                     "'tree', critic.loss = 'rank') and rollouts.step_ends.")
+  closed, ends = reasoning_steps(rollouts)
+  is_end = ends & closed
+  v = jnp.asarray(rollouts.values, jnp.float32)
+  nxt = jnp.concatenate([v[..., 1:], jnp.zeros_like(v[..., :1])], -1)  # U after each token
+  gain = _step_sums(jnp.where(closed, nxt - v, 0.0), closed, is_end)  # telescopes per step
+  return outcome_plus_step_term(rollouts, gain, closed, is_end, coef, scale_by_std, eps)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import credit
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
+from groups import grpo_ref
 from experiments.training import train_step as ts
 
 CFG = decoder.PolicyConfig(vocab_size=11, d_model=16, num_layers=1, num_heads=2, d_ff=32,
@@ -236,6 +237,10 @@ def test_critic_targets_option_keeps_old_fingerprints_and_refuses_unknown():
   old = base.copy_and_resolve_references()
   del old.critic['targets']  # a config from before the option
   assert fp(base) == fp(old) and fp(tree) != fp(base)
+  old.critic.loss = 'mse'  # the default loss keeps them too
+  assert fp(old) == fp(base)
+  pum = ppo_config.get_config('pum')
+  assert (pum.critic.targets, pum.critic.loss) == ('tree', 'rank') and fp(pum) != fp(tree)
   with pytest.raises(ValueError, match='critic targets'):
     critic_lib.CriticConfig(targets='returns')
 
@@ -280,16 +285,98 @@ def test_advantage_targets_go_with_the_advantage_model_only():
     critic_lib.from_config(loop.with_method(plain, 'advantage_model:iid'), init, None, 0, None)
 
 
-def test_quick_advantage_model_run_trains_its_model(tmp_path):
+@pytest.mark.parametrize('method,variant', [('advantage_model', 'advantage'), ('pum', 'pum')])
+def test_quick_learned_model_runs_train_their_model(tmp_path, method, variant):
   from configs import ppo
   from experiments.training import loop
   from tests.test_loop import init_params, quick_cfg
-  cfg = quick_cfg()
+  cfg = quick_cfg(default_task=method == 'pum')  # pum reads scratch_add's step ends
+  init = init_params(cfg)
+  if method == 'pum':  # a start that solves some (tree values that differ: pairs to rank)
+    cfg.task.kwargs, cfg.sft.steps = {'num_digits': 1}, 300
+    init, _ = loop.sft(cfg, str(tmp_path / 'sft'))
   with cfg.unlocked():
-    cfg.critic = ppo.get_config('advantage').critic
+    cfg.critic = ppo.get_config(variant).critic
     cfg.critic.lr = 1e-2
   cfg.rl.steps, cfg.rl.ckpt_every = 3, 3
-  loop.train(cfg, str(tmp_path), init_params(cfg), method='advantage_model:iid', progress=False)
+  loop.train(cfg, str(tmp_path), init, method=f'{method}:iid', progress=False)
   rows = [r for r in loop.read_metrics(str(tmp_path / 'metrics.jsonl')) if 'reward' in r]
   assert len(rows) == 3 and all(np.isfinite(r['critic/vf_loss']) for r in rows)
   assert rows[-1]['critic/vf_loss'] != rows[0]['critic/vf_loss']
+
+
+def test_rank_loss_matches_a_loop_and_is_fit_by_the_critic_step(policy):
+  rng = np.random.default_rng(4)
+  v = rng.normal(size=(3, 5)).astype(np.float32)
+  ret = rng.integers(0, 3, (3, 5)).astype(np.float32) / 2
+  mask = np.arange(5) < np.array([[5], [3], [0]])
+  total, count = 0.0, 0
+  for i in range(3):
+    for t in range(5):
+      for u in range(t + 1, 5):
+        if mask[i, t] and mask[i, u] and ret[i, t] != ret[i, u]:
+          y = np.sign(ret[i, t] - ret[i, u])
+          total += np.log1p(np.exp(-y * (v[i, t] - v[i, u])))
+          count += 1
+  got = float(critic_lib.rank_loss(jnp.asarray(v), jnp.asarray(ret), jnp.asarray(mask)))
+  assert got == pytest.approx(total / count, rel=1e-5)
+  # The critic step with loss 'rank' descends that loss, whole or in micro-batches.
+  batch = _batch(np.random.default_rng(2))
+  batch = batch.replace(returns=jnp.where(batch.mask, jnp.asarray(  # varying along each row
+      np.random.default_rng(3).integers(0, 4, batch.mask.shape) / 3, jnp.float32), 0.0))
+  tx = ts.make_optimizer(3e-3)
+  one = critic_lib.CriticConfig(cliprange_value=0.0, loss='rank')
+  two = critic_lib.CriticConfig(cliprange_value=0.0, loss='rank', num_microbatches=2)
+  s1, m1 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
+                                  ccfg=one)
+  s2, m2 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
+                                  ccfg=two)
+  assert float(m1['vf_loss']) == pytest.approx(float(m2['vf_loss']), rel=1e-5)
+  v0 = critic_lib.values(critic_lib.init_state(policy, CFG, tx).params, CFG, batch.prompts,
+                         batch.tokens, batch.prompt_len)
+  first = float(critic_lib.rank_loss(v0, batch.returns, batch.mask))
+  assert float(m1['vf_loss']) == pytest.approx(first, rel=1e-5)
+  state = critic_lib.init_state(policy, CFG, tx)
+  step = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=one))
+  for _ in range(40):
+    state, m = step(state)
+  assert float(m['vf_loss']) < 0.7 * first
+  with pytest.raises(ValueError, match='critic loss'):
+    critic_lib.CriticConfig(loss='huber')
+
+
+def ref_pum(rewards, mask, ends, values, coef):
+  a = grpo_ref(rewards)
+  out = np.where(mask, a[..., None], 0.0)
+  steps = {}
+  for b, g in np.ndindex(rewards.shape):
+    n, start = int(mask[b, g].sum()), 0
+    for t in range(n - 1):  # a step end on the last token closes the answer
+      if ends[b, g, t]:
+        steps[(b, g, start, t + 1)] = values[b, g, t + 1] - values[b, g, start]
+        start = t + 1
+  for b in range(rewards.shape[0]):
+    keys = [k for k in steps if k[0] == b]
+    x = np.array([steps[k] for k in keys])
+    if len(x) < 2 or x.max() <= x.min():
+      continue
+    z = (x - x.mean()) / (x.std(ddof=1) + 1e-6)
+    for (bb, g, s, e), zz in zip(keys, z):
+      out[bb, g, s:e] += coef * zz
+  return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_pum_matches_reference(seed):
+  rng = np.random.default_rng(seed)
+  mask = np.arange(7) < rng.integers(0, 8, (2, 3))[..., None]
+  ends = (rng.random((2, 3, 7)) < 0.35) & mask
+  rewards = rng.integers(0, 2, (2, 3)).astype(np.float32)
+  values = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  r = credit.Rollouts(tokens=jnp.zeros((2, 3, 7), jnp.int32), mask=jnp.asarray(mask),
+                      rewards=jnp.asarray(rewards), values=jnp.asarray(values),
+                      step_ends=jnp.asarray(ends))
+  np.testing.assert_allclose(credit.get('pum')(r, coef=0.5),
+                             ref_pum(rewards, mask, ends, values, 0.5), atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(credit.get('pum')(r, coef=0.0), credit.get('grpo')(r), atol=1e-6)

@@ -12,6 +12,8 @@ optimizer and `TrainState` (`init_state`), is placed on the mesh like the policy
       hidden state that predicts token t (the position `decoder.token_logprobs` scores).
   value_loss(vpred, old_values, returns, mask, cliprange, agg): verl's clipped value loss,
       0.5 * agg(max((V − R)², (clip(V, V_old ± c) − R)²)); c = 0 (or None) disables clipping.
+  rank_loss(vpred, returns, mask): PUM's pairwise ranking loss over each row's prefixes
+      (`critic.loss = 'rank'`).
   critic_step(state, batch, cfg, ccfg): epochs x minibatches of that loss on flat rows.
   targets(rewards, values, mask, token_rewards, gamma, lam): TD(λ) returns
       G^λ_t = A^GAE_t + V_t (the regression targets; verl's `returns`).
@@ -40,6 +42,7 @@ from experiments.training import train_step as ts
 
 
 TARGETS = ('td_lambda', 'tree', 'advantage')
+LOSSES = ('mse', 'rank')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +57,15 @@ class CriticConfig:
   # prefix-tree values V(s_t) of the step's groups: a process value model on tree labels)
   # or 'advantage' (R_i − the group's mean reward on every token: the Advantage Model, #77).
   targets: str = 'td_lambda'
+  # 'mse': verl's clipped squared error; 'rank': a pairwise logistic ranking loss over the
+  # prefixes of each response (PUM, #90: `rank_loss`), which orders values, not scales them.
+  loss: str = 'mse'
 
   def __post_init__(self):
     if self.targets not in TARGETS:
       raise ValueError(f'critic targets {self.targets!r}; valid: {", ".join(TARGETS)}')
+    if self.loss not in LOSSES:
+      raise ValueError(f'critic loss {self.loss!r}; valid: {", ".join(LOSSES)}')
     if self.agg not in ts.AGG_MODES:
       raise ValueError(f'critic agg {self.agg!r}; valid: {", ".join(ts.AGG_MODES)}')
     if not self.cliprange_value >= 0:
@@ -130,6 +138,28 @@ def value_loss(vpred, old_values, returns, mask, cliprange: Optional[float] = 0.
   return 0.5 * jnp.sum(w * loss), jnp.sum(wm * clipped)
 
 
+def rank_terms(vpred, returns, mask):
+  """(per row [N]: Σ softplus(−y·(V_t − V_u)) over its pairs, per row [N]: its pair count)
+  for the pairs of prefixes t < u of one row with different targets, y = sign(R_t − R_u)."""
+  m = jnp.asarray(mask, bool)
+  l = m.shape[-1]
+  upper = jnp.arange(l)[:, None] < jnp.arange(l)[None, :]
+  both = m[..., :, None] & m[..., None, :] & upper
+  y = jnp.where(both, jnp.sign(returns[..., :, None] - returns[..., None, :]), 0.0)
+  terms = jnp.where(y != 0, jax.nn.softplus(-y * (vpred[..., :, None] - vpred[..., None, :])),
+                    0.0)
+  return jnp.sum(terms, (-2, -1)), jnp.sum(jnp.abs(y), (-2, -1))
+
+
+def rank_loss(vpred, returns, mask):
+  """PUM's pairwise ranking objective (#90) over each row's prefixes: the mean over pairs
+  t < u with different targets of softplus(−y·(V_t − V_u)), y = sign(R_t − R_u) (the
+  logistic loss of ranking the likelier-to-succeed prefix first); 0 without such a pair.
+  O(L²) pairs a row."""
+  total, pairs = rank_terms(vpred, returns, mask)
+  return jnp.sum(total) / jnp.maximum(jnp.sum(pairs), 1.0)
+
+
 def targets(rewards, values_, mask, token_rewards=None, gamma: float = 1.0, lam: float = 1.0):
   """float32 [..., G, L] TD(λ) returns of the outcome `rewards` [..., G] (on each response's
   last token) plus `token_rewards`, bootstrapped from `values_` (0 after the last token)."""
@@ -169,6 +199,9 @@ def critic_step(state: ts.TrainState, batch: CriticBatch, *, cfg: decoder.Policy
   def loss_fn(params, micro):
     mb, w, wm = micro
     v = values(params, cfg, mb.prompts, mb.tokens, mb.prompt_len)
+    if ccfg.loss == 'rank':  # w: 1 / the minibatch's pair count, on each row
+      return jnp.sum(w * rank_terms(v, mb.returns, mb.mask)[0]), dict(
+          vf_clipfrac=jnp.zeros(()), vpred_mean=jnp.sum(wm * v))
     loss, clipped = _value_terms(v, mb.old_values, mb.returns, ccfg.cliprange_value)
     return 0.5 * jnp.sum(w * loss), dict(vf_clipfrac=jnp.sum(wm * clipped),
                                          vpred_mean=jnp.sum(wm * v))
@@ -176,7 +209,11 @@ def critic_step(state: ts.TrainState, batch: CriticBatch, *, cfg: decoder.Policy
   def update(state, idx):
     mb = jax.tree.map(lambda x: x[idx], batch)
     num = jnp.sum(mb.mask.astype(jnp.float32))  # weights over the whole minibatch
-    w = ts.token_weights(mb.mask, ccfg.agg, idx.shape[0], num, mb.mask.shape[1])
+    if ccfg.loss == 'rank':  # the mean over the minibatch's pairs (`rank_loss`)
+      pairs = jnp.sum(rank_terms(mb.old_values, mb.returns, mb.mask)[1])
+      w = jnp.full((idx.shape[0],), 1.0 / jnp.maximum(pairs, 1.0))
+    else:
+      w = ts.token_weights(mb.mask, ccfg.agg, idx.shape[0], num, mb.mask.shape[1])
     wm = ts.token_weights(mb.mask, 'token-mean', idx.shape[0], num, mb.mask.shape[1])
     loss, aux, grads = ts._accumulate_grads(loss_fn, state.params, (mb, w, wm), nmicro)
     return ts._apply(state, grads), dict(vf_loss=loss, grad_norm=optax.tree.norm(grads), **aux)
@@ -203,7 +240,7 @@ def group_values(params, prompts, tokens, prompt_len=None, *, cfg):
 
 # The optional `critic` config section (configs/ppo.py); a config without it uses defaults.
 CONFIG_FIELDS = ('lr', 'warmup_steps', 'cliprange_value', 'agg', 'epochs', 'minibatches',
-                 'microbatches', 'targets')
+                 'microbatches', 'targets', 'loss')
 
 
 def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
@@ -220,7 +257,7 @@ def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
       num_epochs=int(get('epochs', cfg.loss.num_epochs)),
       num_minibatches=int(get('minibatches', cfg.loss.num_minibatches)),
       num_microbatches=int(get('microbatches', cfg.loss.num_microbatches)),
-      targets=get('targets', 'td_lambda'))
+      targets=get('targets', 'td_lambda'), loss=get('loss', 'mse'))
   tx = ts.make_optimizer(float(get('lr', o.lr)), int(get('warmup_steps', o.warmup_steps)),
                          o.weight_decay, o.grad_clip, o.b1, o.b2)
   if (ccfg.targets == 'advantage') != (cfg.credit.name == 'advantage_model'):

@@ -226,8 +226,10 @@ def run_config(cfg, run_seed: int):
       del out.sampler[field]
     if 'critic' in out and 'values' not in credit.needs(cfg.credit.name):
       del out['critic']
-    elif 'critic' in out and out.critic.get('targets', None) == 'td_lambda':
-      del out.critic['targets']  # the default: fingerprints of runs before the option
+    elif 'critic' in out:  # the defaults: fingerprints of runs before the options
+      for field, default in (('targets', 'td_lambda'), ('loss', 'mse')):
+        if out.critic.get(field, None) == default:
+          del out.critic[field]
     if not out.rl.get('prompt_pool', 0) and 'prompt_pool' in out.rl:
       del out.rl['prompt_pool']  # fresh prompts: the fingerprint of runs before the option
     _drop_default_sft_fields(out)
