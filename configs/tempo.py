@@ -20,8 +20,10 @@ import ml_collections
 
 # method spec "credit:sampler"; sampler in SAMPLERS ('tree_turns': multi-turn environments
 # only, configs/agents.py; the others: single-turn tasks, 'iid' both; 'lagged': G i.i.d.
-# responses from the policy of the last step that is a multiple of sampler.lag).
-SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged')
+# responses from the policy of the last step that is a multiple of sampler.lag; 'hinted': G
+# responses, the first hint_rows after a prefix of the reference, experiments/training/hints.py).
+SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged',
+            'hinted')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -45,6 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
       name='iid',            # one of SAMPLERS
       group_size=8,          # G for 'iid' and 'lagged'
       lag=4,                 # lagged (off-policy GRPO, #63): refresh the sampling policy every lag steps
+      hint_rows=8, hint_schedule='staged',  # hinted (#62 'staged', #94 'difficulty')
       temperature=1.0, top_p=1.0, top_k=0,
       branching=(2, 2, 2), segment_len=1,                   # tree_fixed: G = prod(branching)
       num_chains=4, num_forks=1, num_continuations=1,       # tree_entropy: G = N (1 + F C)

@@ -1,5 +1,5 @@
 """Replay credit (issue 23's off-policy family): R³ (#73) and AVATAR's replay (#34); offline
-reward-weighted fine-tuning (#203).
+reward-weighted fine-tuning (#203); ADHint's hinted groups (#94).
 
 The loop does the replaying (`experiments/training/replay.py`): with `needs=('replay',)` it
 keeps each pool prompt's newest successful response and puts it in place of the last
@@ -10,9 +10,11 @@ all succeeded. The estimator then sees a group with signal where GRPO's would be
 
 import jax.numpy as jnp
 
+from credit.agents import _bucket_norm
 from credit.outcome import grpo
 from credit.registry import register
 from credit.rollouts import Rollouts
+from trees.step_graph import map_groups
 
 
 @register("r3", needs=("replay",))
@@ -61,3 +63,28 @@ def rwft(rollouts: Rollouts, baseline: float = 0.0):
   """
   r = jnp.asarray(rollouts.rewards, jnp.float32) - baseline
   return jnp.where(rollouts.mask, r[..., None], 0.0)
+
+
+@register("adhint")
+def adhint(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
+  """ADHint (#94) on the 'hinted' sampler's groups (experiments/training/hints.py: the first
+  `hint_rows` responses of a group continue a prefix of the reference, its length from the
+  prompt's difficulty prior, `hint_schedule = 'difficulty'`). Advantage estimation with the
+  rollout-difficulty posterior, read as separate baselines: a hinted response is compared
+  with the group's other hinted ones, an unhinted one with the unhinted ones, each subset
+  normalised by its own mean and std (a subset of one, or of equal rewards: 0); so a hint
+  that makes success easy does not drown the unhinted responses' signal, and vice versa.
+  Hint tokens get no gradient (they are off `policy_mask`: the "selective masking for hint
+  preservation"; the consistency-based modulation is not built). A response is hinted
+  where its first token is off `policy_mask`; without a policy mask every response is
+  unhinted and this is GRPO over the group (groups of two or more). Returns float32
+  [..., G, L].
+  """
+  mask = jnp.asarray(rollouts.mask, bool)
+  hinted = (jnp.zeros(mask.shape[:-1], bool) if rollouts.policy_mask is None
+            else mask[..., 0] & ~jnp.asarray(rollouts.policy_mask, bool)[..., 0])
+  r = jnp.asarray(rollouts.rewards, jnp.float32)
+  one = lambda x, b: _bucket_norm(x, b, jnp.ones_like(b, bool), 2, bool(scale_by_std),
+                                  float(eps))
+  adv = map_groups(one, r.shape[:-1], r, hinted.astype(jnp.int32))
+  return jnp.where(mask, adv[..., None], 0.0)

@@ -12,7 +12,7 @@ from experiments.training import compare, loop
 
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
             'context_shift', 'saliency', 'probes', 'hindsight:plain', 'milestones:steps',
-            'expert_traces:steps', 'replay:offline')
+            'expert_traces:steps', 'replay:offline', 'hints', 'hints:adhint')
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:
@@ -66,8 +66,10 @@ def test_family_quick(family, workdir):
     if m in STARTS_ELSEWHERE:  # its RL starts after its own phase: another first batch
       assert rows[m][0][STARTS_ELSEWHERE[m]] > 0, m
       continue
-    # Same start, same seed: the same first batch as GRPO ...
-    assert step1['reward'] == base['reward'] and step1['generated_tokens'] == base['generated_tokens'], m
+    if m.endswith(':hinted'):  # its sampler puts hints in (staged: all at the start)
+      assert step1['hint_tokens'] > 0 or not m.startswith('grpo'), m
+    else:  # Same start, same seed: the same first batch as GRPO ...
+      assert step1['reward'] == base['reward'] and step1['generated_tokens'] == base['generated_tokens'], m
     assert step1['frac_groups_with_signal'] > 0, m
     # ... and a different update from it (the method's credit or loss is in the step), except
     # where a method's documented reduction to GRPO holds on this batch.

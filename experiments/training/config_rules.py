@@ -44,6 +44,7 @@ RULES = (
     ('sampler.cut_every', '[1, inf)'),
     ('sampler.fork_turn', '[0, inf)'),
     ('sampler.lag', '[1, inf)'),
+    ('sampler.hint_rows', '[0, inf)'),
     ('rl.prompt_pool', '[0, inf)'),  # 0: fresh prompts every step
     ('loss.eps_low', '[0, inf)'),
     ('loss.eps_high', '[0, inf)'),

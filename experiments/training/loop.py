@@ -69,6 +69,7 @@ from experiments.rollouts import agent_rollouts, sampling, text_rollouts
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
 from experiments.training import hindsight as hindsight_lib
+from experiments.training import hints as hints_lib
 from experiments.training import interventions as interventions_lib
 from experiments.training import probes as probes_lib
 from experiments.training import replay as replay_lib
@@ -92,6 +93,7 @@ SAMPLER_FIELDS = {
                        'cut_every'),
     'tree_turns': ('num_chains', 'num_continuations', 'fork_turn'),
     'lagged': ('group_size', 'lag'),
+    'hinted': ('group_size', 'hint_rows', 'hint_schedule'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
@@ -144,6 +146,15 @@ def check_config(cfg, reference=None, prefix=''):
     if not is_agent(cfg) and sampler == 'tree_turns':
       raise ValueError("sampler 'tree_turns' forks multi-turn episodes; use it with a "
                        "multi-turn environment (configs/agents.py)")
+    if sampler == 'hinted' and (is_text(cfg) or not hasattr(
+        envs.get(cfg.task.name, **dict(cfg.task.kwargs)), 'reasoning_steps')):
+      raise ValueError(f"sampler 'hinted' puts a prefix of the reference's reasoning steps "
+                       f"before the policy's continuation, which needs a JAX chain-of-thought "
+                       f"task with `reasoning_steps` (scratch_add, countdown_steps); task "
+                       f"{cfg.task.name!r} has none")
+    if sampler == 'hinted' and cfg.sampler.hint_schedule not in hints_lib.SCHEDULES:
+      raise ValueError(f'unknown sampler.hint_schedule {cfg.sampler.hint_schedule!r}; valid: '
+                       f'{", ".join(hints_lib.SCHEDULES)}')
   loss_config(cfg)
   if cfg.train.packing not in PACKING:
     raise ValueError(f'unknown train.packing {cfg.train.packing!r}; valid: {", ".join(PACKING)}')
@@ -205,7 +216,7 @@ def loss_config(cfg) -> ts.LossConfig:
 
 
 def group_size(scfg) -> int:
-  if scfg.name in ('iid', 'lagged'):
+  if scfg.name in ('iid', 'lagged', 'hinted'):
     return scfg.group_size
   if scfg.name == 'tree_fixed':
     return int(np.prod(scfg.branching))
@@ -267,11 +278,18 @@ def fingerprint(cfg) -> tuple[str, dict]:
 
 
 def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=None,
-           prompt_len=None):
+           prompt_len=None, info=None, progress: float = 0.0):
   """Samples [B, G, L] from the sampler named in scfg.
 
-  `task`: anything with eos_id, pad_id, response_len (a JAX task or a problem).
+  `task`: anything with eos_id, pad_id, response_len (a JAX task or a problem). 'hinted'
+  also reads the prompts' `info` and the run's `progress` (step / steps).
   """
+  if scfg.name == 'hinted':
+    return hints_lib.sample_hinted(
+        params, key, prompts, info, progress, pcfg=pcfg, task=getattr(task, 'task', task),
+        group_size=scfg.group_size, hint_rows=scfg.hint_rows, schedule=scfg.hint_schedule,
+        temperature=float(scfg.temperature if temperature is None else temperature),
+        top_p=float(scfg.top_p), top_k=int(scfg.top_k))
   kw = dict(temperature=scfg.temperature if temperature is None else temperature,
             top_p=scfg.top_p, top_k=scfg.top_k, eos_id=task.eos_id, pad_id=task.pad_id,
             prompt_ids=prompt_ids, prompt_len=prompt_len)
@@ -1045,7 +1063,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   gen_total += phase_info.get('intervention_generated_tokens', 0.0)  # InT's phase samples
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   b = cfg.rl.prompts_per_step
-  est = credit_fn(cfg.credit.name, hparams_json, scfg.name not in ('iid', 'lagged'), stateful)
+  est = credit_fn(cfg.credit.name, hparams_json, scfg.name not in ('iid', 'lagged', 'hinted'),
+                  stateful)
   need_ref = loss_cfg.needs_ref or 'ref_logprobs' in needs  # KL loss/reward, APA's anchor
   need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
   need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
@@ -1118,7 +1137,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
         with jax.set_mesh(mesh) if mesh.size > 1 else contextlib.nullcontext():
           samples = sample(sampling_params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
-                           prompts, prompt_ids=draw.prompt_ids, prompt_len=plen)
+                           prompts, prompt_ids=draw.prompt_ids, prompt_len=plen,
+                           info=draw.handle, progress=i / cfg.rl.steps)
       rewards, reward_metrics = problem.rewards(draw, samples)
       fresh_rewards, replayed = rewards, None
       if need_replay:  # R3 / AVATAR: a stored response of the prompt into each collapsed group
@@ -1229,6 +1249,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       m = {k_: float(v) for k_, v in m.items()}
       t4 = time.perf_counter()
       ntok = float(jnp.sum(getattr(samples, 'policy_mask', samples.mask)))  # trained tokens
+      if hasattr(samples, 'hint_len'):  # the 'hinted' sampler: reference tokens given
+        m['hint_tokens'] = float(jnp.sum(samples.hint_len))
       if hasattr(samples, 'generated_tokens'):  # multi-turn: copied turns are not generated
         gen = float(samples.generated_tokens)
         steps_now = float(samples.env_steps)
