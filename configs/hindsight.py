@@ -1,7 +1,8 @@
 """Hindsight, answer-conditioned step credit (issue 23): PBSD (#164) and HCAPO (#9) vs GRPO,
 i.i.d. groups of 8, on scratch_add, whose gold answer the loop places after the prompt for
-one extra teacher-forced pass (experiments/training/hindsight.py). `configs.tempo.family`:
-the main job's budget, 5 seeds, matched generated tokens.
+one extra teacher-forced pass (experiments/training/hindsight.py); SIOP (#75), label-free,
+with each group's modal answer there instead. `configs.tempo.family`: the main job's
+budget, 5 seeds, matched generated tokens.
 
 The teacher is the policy reading the answer in context, which a model trained from scratch
 has never seen (the shared SFT start scores gold steps 13 nats lower with the answer in its
@@ -16,7 +17,7 @@ from configs import tempo
 def get_config(arg: str = ''):
   if arg not in ('', 'plain'):
     raise ValueError(f'configs/hindsight.py:{arg}: valid variants are "" and plain')
-  c = tempo.family('pbsd:iid,hcapo:iid')
+  c = tempo.family('pbsd:iid,hcapo:iid,siop:iid')
   if arg == '':
     c.sft.hindsight_frac = 0.5
   return c

@@ -1,5 +1,5 @@
 """Hindsight, answer-conditioned step credit (issue 23's counterfactual family): PBSD (#164)
-and HCAPO (#9).
+and HCAPO (#9) with the gold answer; SIOP (#75) with the group's own modal answer.
 
 Both read one extra teacher-forced pass, `rollouts.hindsight_logprobs` [..., G, L]: the
 same policy scoring the response with the task's gold answer placed after the prompt (a
@@ -19,8 +19,41 @@ import jax.numpy as jnp
 from credit.implied_values import _step_sums  # each token's step total
 from credit.outcome import grpo_per_response
 from credit.probes import _normalised_over_group
+from credit.agents import _EPS, _grpo
 from credit.registry import register
 from credit.rollouts import Rollouts, reasoning_steps
+from trees.step_graph import map_groups
+
+
+def modal_answer(tokens, mask, step_ends):
+  """The group's most frequent final answer. A response's answer is its tokens after its
+  last reasoning step, without the step end on its last token (scratch_add: the sum's
+  digits before EOS); a response whose last token closes no step (cut off) has none and
+  does not vote. Returns (answer int32 [..., L] of the modal response, left-aligned, −1
+  after; its length int32 [...]; agree bool [..., G]: the response's answer is the mode),
+  all empty / False in a group without answers; ties go to the lowest index.
+  """
+  r = Rollouts(tokens=tokens, mask=mask, rewards=jnp.zeros(mask.shape[:-1]),
+               step_ends=step_ends)
+  reasoning, ends = reasoning_steps(r)
+  m = jnp.asarray(mask, bool)
+  n = jnp.sum(m, -1)
+  has = (n > 0) & jnp.take_along_axis(ends, jnp.maximum(n - 1, 0)[..., None], -1)[..., 0]
+  start = jnp.sum(reasoning, -1)  # the reasoning steps are a prefix
+  length = jnp.where(has, n - 1 - start, 0)
+  l = m.shape[-1]
+  t = jnp.arange(l)
+  src = jnp.clip(start[..., None] + t, 0, l - 1)
+  ans = jnp.where(t < length[..., None], jnp.take_along_axis(jnp.asarray(tokens, jnp.int32),
+                                                            src, -1), -1)
+  eq = (jnp.all(ans[..., :, None, :] == ans[..., None, :, :], -1)
+        & has[..., :, None] & has[..., None, :])
+  mode = jnp.argmax(jnp.sum(eq, -1), -1)  # [...]
+  any_answer = jnp.any(has, -1)
+  agree = jnp.take_along_axis(eq, mode[..., None, None], -2)[..., 0, :] & any_answer[..., None]
+  answer = jnp.take_along_axis(ans, mode[..., None, None], -2)[..., 0, :]
+  mode_len = jnp.where(any_answer, jnp.take_along_axis(length, mode[..., None], -1)[..., 0], 0)
+  return answer, mode_len, agree
 
 
 def _log_ratio(rollouts: Rollouts, who: str):
@@ -95,3 +128,30 @@ def outcome_plus_step_term(rollouts, per_step, closed, is_end, coef, scale_by_st
   step_term = _step_sums(jnp.where(is_end, q, 0.0), closed, is_end)  # end -> its step
   mask = jnp.asarray(rollouts.trained_mask, bool)
   return jnp.where(mask, outcome[..., None] + coef * step_term, 0.0).astype(jnp.float32)
+
+
+@register("siop", needs=("step_ends", "self_hindsight"))
+def siop(rollouts: Rollouts, *, coef: float = 1.0, broadcast: bool = False,
+         scale_by_std: bool = True, eps: float = _EPS):
+  """SIOP (#75): label-free, potential-based step credit toward the group's own outcome
+  modes. The group's final answers are clustered (exact match: `modal_answer`), the largest
+  cluster is the target (the reading of the abstract's "reliability-aware target
+  distribution": all of its mass on the most supported mode), and the loop's hindsight
+  pass puts that modal answer, not the gold one, after the prompt (`needs` 'self_hindsight';
+  `rollouts.hindsight_logprobs`). Step j's potential gain is its evidence toward the mode,
+  e_j = Σ_{t in step j} d_t (the increase in log p(mode | prefix), by Bayes); reasoning steps
+  get coef · ẽ_j, e normalised over the group's steps. The answer's tokens get the
+  group-relative agreement with the mode, GRPO over a_i = 1[answer_i = mode] ("avoiding the
+  broadcasted rollout-level advantage": the reasoning steps get none of it unless
+  `broadcast`). The task's reward is not used: the method needs no verifier.
+  Returns float32 [..., G, L].
+  """
+  _, closed, is_end, evidence = _log_ratio(rollouts, "siop")
+  _, _, agree = modal_answer(rollouts.tokens, rollouts.mask, rollouts.step_ends)
+  a = map_groups(lambda x: _grpo(x, bool(scale_by_std), float(eps)), agree.shape[:-1],
+                 agree.astype(jnp.float32))
+  step = _step_sums(jnp.where(is_end, _normalised_over_group(evidence, is_end, eps), 0.0),
+                    closed, is_end)
+  mask = jnp.asarray(rollouts.trained_mask, bool)
+  base = jnp.where(closed & (not broadcast), 0.0, a[..., None])
+  return jnp.where(mask, base + coef * step, 0.0).astype(jnp.float32)

@@ -1,4 +1,4 @@
-"""The seeds' hindsight, answer-conditioned step credit (PBSD, HCAPO) vs GRPO on scratch_add.
+"""The seeds' hindsight, answer-conditioned step credit (PBSD, HCAPO, SIOP) vs GRPO on scratch_add.
 
     python -m experiments.hindsight [--config.quick=True] [--workdir=/tmp/treecredit/hindsight]
 

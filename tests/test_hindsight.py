@@ -253,3 +253,112 @@ def test_hinted_warm_start_trains_and_has_its_own_fingerprint(tmp_path):
   with pytest.raises(ValueError, match='sft.hindsight_frac: None -> 0.5|hindsight_frac'):
     loop.sft(plain, str(tmp_path / 'sft'))  # the plain start is another checkpoint
   assert loop.run_config(plain, 0).sft.get('hindsight_frac') is None  # old fingerprints kept
+
+
+# ------------------------------------------------------------------ SIOP: the group's own mode
+
+
+def ref_answers(tokens, mask, ends):
+  """Per response: its answer (tuple) or None (cut off: no step end on its last token)."""
+  out = []
+  for i in range(len(mask)):
+    n = int(mask[i].sum())
+    if n == 0 or not ends[i][n - 1]:
+      out.append(None)
+      continue
+    last = max([t + 1 for t in range(n - 1) if ends[i][t]], default=0)
+    out.append(tuple(int(x) for x in tokens[i][last:n - 1]))
+  return out
+
+
+def ref_mode(answers):
+  counts = [sum(a is not None and a == b for b in answers) if a is not None else 0
+            for a in answers]
+  if max(counts) == 0:
+    return None
+  return answers[int(np.argmax(counts))]
+
+
+@st.composite
+def answer_groups(draw):
+  g = draw(st.sampled_from([1, 4, 6]))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+  l = 8
+  tokens = rng.integers(0, 2, (2, g, l)).astype(np.int32)  # small vocabulary: answers repeat
+  n = rng.integers(0, l + 1, (2, g))
+  mask = np.arange(l) < n[..., None]
+  ends = (rng.random((2, g, l)) < 0.3) & mask
+  closed = rng.random((2, g)) < 0.8  # most responses end on a step end (EOS)
+  for b, i in np.ndindex(2, g):
+    if n[b, i]:
+      ends[b, i, n[b, i] - 1] = closed[b, i]
+  rewards = (rng.random((2, g)) < 0.5).astype(np.float32)
+  lp = np.where(mask, -rng.random((2, g, l)) * 3, 0).astype(np.float32)
+  hs = np.where(mask, lp + rng.normal(size=(2, g, l)), 0).astype(np.float32)
+  return tokens, mask, ends, rewards, lp, hs
+
+
+@settings(max_examples=30, deadline=None)
+@given(answer_groups())
+def test_modal_answer_matches_reference(data):
+  tokens, mask, ends = data[:3]
+  answer, length, agree = (np.asarray(x) for x in credit.hindsight.modal_answer(
+      jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(ends)))
+  for b in range(2):
+    answers = ref_answers(tokens[b], mask[b], ends[b])
+    mode = ref_mode(answers)
+    if mode is None:
+      assert length[b] == 0 and not agree[b].any()
+      continue
+    assert tuple(answer[b, :length[b]]) == mode and np.all(answer[b, length[b]:] == -1)
+    assert list(agree[b]) == [a is not None and a == mode for a in answers]
+
+
+@settings(max_examples=25, deadline=None)
+@given(answer_groups(), st.booleans())
+def test_siop_matches_reference(data, broadcast):
+  tokens, mask, ends, rewards, lp, hs = data
+  got = np.asarray(credit.get('siop')(_rollouts(*data), coef=0.7, broadcast=broadcast))
+  d = (hs - lp).astype(np.float64)
+  out = np.zeros(mask.shape)
+  for b in range(2):
+    answers = ref_answers(tokens[b], mask[b], ends[b])
+    mode = ref_mode(answers)
+    agree = np.array([mode is not None and a == mode for a in answers], np.float32)
+    a = grpo_ref(agree[None])[0]
+    evid = {}
+    for i in range(len(answers)):
+      out[b, i][mask[b, i]] = a[i]
+      for s, e in ref_steps(ends[b, i], mask[b, i]):
+        if not broadcast:
+          out[b, i, s:e] = 0.0
+        evid[(i, s, e)] = d[b, i, s:e].sum()
+    x = np.array(list(evid.values()))
+    if len(x) > 1 and x.max() > x.min():
+      z = (x - x.mean()) / (x.std(ddof=1) + 1e-6)
+      for (i, s, e), zz in zip(evid, z):
+        out[b, i, s:e] += 0.7 * zz
+  np.testing.assert_allclose(got, out, atol=1e-4, rtol=1e-4)
+  # The task's reward plays no part.
+  other = _rollouts(tokens, mask, ends, 1.0 - rewards, lp, hs)
+  np.testing.assert_allclose(credit.get('siop')(other, coef=0.7, broadcast=broadcast), got,
+                             atol=1e-6)
+
+
+def test_self_hindsight_pass_puts_the_modal_answer_after_the_prompt():
+  cfg = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
+                             num_heads=2, d_ff=32, max_len=TASK.prompt_len + 2 * TASK.response_len)
+  params = decoder.init_params(jax.random.PRNGKey(0), cfg)
+  prompts, info = TASK.sample(jax.random.key(1), 2)
+  demo, dmask = TASK.demonstrations(prompts, info)
+  tokens = jnp.stack([demo, demo, jnp.roll(demo, 1, 0)], 1)  # the mode: the demonstration
+  mask = jnp.stack([dmask, dmask, jnp.roll(dmask, 1, 0)], 1)
+  gp = jnp.repeat(prompts[:, None], 3, 1)
+  ginfo = jax.tree.map(lambda x: jnp.repeat(x[:, None], 3, 1), info)
+  ends = TASK.step_ends(gp, tokens, mask, ginfo) & mask
+  got = loop.self_hindsight_logprobs(params, prompts, None, tokens, mask, ends, cfg=cfg,
+                                     pad_id=TASK.pad_id)
+  hint, n = hindsight.answer_hint(TASK, prompts, info)  # the demonstration's answer
+  wide, plen = hindsight.with_hint(prompts, None, hint, n, TASK.pad_id)
+  want = loop.rows_logprobs(params, wide, tokens, mask, plen, None, cfg=cfg)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)

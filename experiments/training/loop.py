@@ -420,6 +420,19 @@ def _roll_prompts(prompts, prompt_len):
           None if prompt_len is None else jnp.roll(prompt_len, -1, axis=0))
 
 
+def self_hindsight_logprobs(params, prompts, prompt_len, tokens, mask, step_ends, *, cfg,
+                           pad_id: int, chunks: int = 1):
+  """`Rollouts.hindsight_logprobs` [B, G, L] with each group's modal final answer
+  (`credit.hindsight.modal_answer`) after its prompt instead of the gold one (SIOP)."""
+  answer, length, _ = _modal_answer(tokens, mask, step_ends)
+  wide, plen = hindsight_lib.with_hint(prompts, prompt_len, jnp.where(answer < 0, pad_id, answer),
+                                       length, pad_id)
+  return rows_logprobs(params, wide, tokens, mask, plen, None, cfg=cfg, chunks=chunks)
+
+
+_modal_answer = jax.jit(credit.hindsight.modal_answer)
+
+
 def packing_applies(cfg, num_groups: int, num_devices: int = 1) -> bool:
   """Whether the update step packs each group's tree (`cfg.train.packing` != 'none').
 
@@ -1069,6 +1082,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
   need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
   need_hindsight = 'hindsight_logprobs' in needs
+  need_self_hindsight = 'self_hindsight' in needs  # with step_ends: a JAX CoT task (below)
   if need_hindsight and not (hasattr(problem, 'hindsight_prompts') and hasattr(
       getattr(problem, 'task', None), 'reasoning_steps')):
     raise ValueError(f'credit {cfg.credit.name!r} scores the responses with the gold answer '
@@ -1214,6 +1228,12 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         credit.validate(credit.Rollouts(  # on the host: a NaN probe is named, not trained on
             tokens=samples.tokens, mask=samples.mask, rewards=rewards,
             step_probes=extra['step_probes']))
+        probe_s = dict(probe_s=time.perf_counter() - tp)
+      if need_self_hindsight:  # SIOP: the hindsight pass with each group's modal answer
+        tp = time.perf_counter()
+        extra['hindsight_logprobs'] = self_hindsight_logprobs(
+            state.params, prompts, plen, samples.tokens, samples.mask, process[1],
+            cfg=pcfg, pad_id=problem.pad_id, chunks=lp_chunks)
         probe_s = dict(probe_s=time.perf_counter() - tp)
       turns = (problem.turns(state.params, draw, samples, credit.needs(cfg.credit.name))
                if hasattr(problem, 'turns') else None)
