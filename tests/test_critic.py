@@ -285,7 +285,9 @@ def test_advantage_targets_go_with_the_advantage_model_only():
     critic_lib.from_config(loop.with_method(plain, 'advantage_model:iid'), init, None, 0, None)
 
 
-@pytest.mark.parametrize('method,variant', [('advantage_model', 'advantage'), ('pum', 'pum')])
+@pytest.mark.parametrize('method,variant', [
+    pytest.param('advantage_model', 'advantage', marks=pytest.mark.slow),  # ~30 s
+    ('pum', 'pum')])
 def test_quick_learned_model_runs_train_their_model(tmp_path, method, variant):
   from configs import ppo
   from experiments.training import loop

@@ -10,9 +10,12 @@ import pytest
 from configs import tempo as tempo_config
 from experiments.training import compare, loop
 
+# Variants that add a method to another family's script run slow-marked (their loop paths
+# have quick tests of their own: test_interventions, test_replay, test_milestones).
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
-            'context_shift', 'saliency', 'probes', 'hindsight:plain', 'milestones:steps',
-            'expert_traces:steps', 'replay:offline', 'hints', 'hints:adhint')
+            'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'hints:adhint',
+            *(pytest.param(f, marks=pytest.mark.slow)
+              for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline')))
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:
