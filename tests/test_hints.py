@@ -43,8 +43,8 @@ def test_hinted_rows_continue_the_references_first_steps(schedule, progress):
   if schedule == 'staged':
     k = int(hints.hint_steps('staged', TASK.reasoning_steps, progress=progress))
   else:
-    k_all = np.asarray(hints.hint_steps('difficulty', TASK.reasoning_steps, hardness=hints.difficulty(
-        params, CFG, TASK, prompts, info)))
+    hardness = hints.difficulty(params, CFG, TASK, prompts, info)
+    k_all = np.asarray(hints.hint_steps('difficulty', TASK.reasoning_steps, hardness=hardness))
   for i in range(b):
     kk = k if schedule == 'staged' else int(k_all[i])
     commas = [t for t in range(len(demo[i])) if demo[i, t] == TASK.token_id(',')]

@@ -23,7 +23,10 @@ Optional Rollouts inputs are computed only when the estimator `needs` them
   step_probes       S + 1 teacher-forced passes scoring the gold continuation after each
                     reasoning step (`experiments/training/probes.py`; JAX CoT tasks)
   hindsight_logprobs  one teacher-forced pass with the task's gold answer after the prompt
-                    (`experiments/training/hindsight.py`; JAX CoT tasks)
+                    (`experiments/training/hindsight.py`; JAX CoT tasks); `self_hindsight`:
+                    with each group's modal answer instead (SIOP)
+  interventions     InT's fine-tuning phase before the first RL step
+                    (`experiments/training/interventions.py`; scratch_add)
 A stateful estimator (`credit.stateful(name)`) gets its state (`credit.init_state`) in
 `Rollouts.credit_state`; after the advantages the loop computes `credit.update_state` in
 the same jitted call, commits it with the update, logs its scalar leaves as
@@ -228,7 +231,8 @@ def group_size(scfg) -> int:
 def run_config(cfg, run_seed: int):
   """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped, and
   the `critic` section dropped when the estimator reads no values (so GRPO runs of
-  configs/ppo.py share their workdir with every other script's), rl.prompt_pool when 0 and sft.hindsight_frac when 0."""
+  configs/ppo.py share their workdir with every other script's), its default targets and
+  loss, rl.prompt_pool when 0 and sft.hindsight_frac when 0."""
   out = cfg.copy_and_resolve_references()
   out.rl.seed = run_seed
   used = SAMPLER_COMMON + SAMPLER_FIELDS[cfg.sampler.name]
