@@ -21,9 +21,11 @@ import ml_collections
 # method spec "credit:sampler"; sampler in SAMPLERS ('tree_turns': multi-turn environments
 # only, configs/agents.py; the others: single-turn tasks, 'iid' both; 'lagged': G i.i.d.
 # responses from the policy of the last step that is a multiple of sampler.lag; 'hinted': G
-# responses, the first hint_rows after a prefix of the reference, experiments/training/hints.py).
+# responses, the first hint_rows after a prefix of the reference, experiments/training/hints.py;
+# 'tree_bisect': chains and rounds of forks at binary-searched step boundaries,
+# experiments/rollouts/bisect.py).
 SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged',
-            'hinted')
+            'hinted', 'tree_bisect')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -52,6 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
       branching=(2, 2, 2), segment_len=1,                   # tree_fixed: G = prod(branching)
       num_chains=4, num_forks=1, num_continuations=1,       # tree_entropy: G = N (1 + F C)
       score='entropy',
+      num_rounds=2,                  # tree_bisect: G = N (1 + rounds C)
       cut_threshold=0.9, cut_every=1))  # tree_cutpoints (SPO-chain): same G as tree_entropy
 
   c.credit = ml_collections.ConfigDict(dict(name='grpo', hparams={}))

@@ -14,6 +14,7 @@ from experiments.training import compare, loop
 # have quick tests of their own: test_interventions, test_replay, test_milestones).
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
             'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'hints:adhint',
+            'tree_search',
             *(pytest.param(f, marks=pytest.mark.slow)
               for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline')))
 
@@ -71,7 +72,8 @@ def test_family_quick(family, workdir):
       continue
     if m.endswith(':hinted'):  # its sampler puts hints in (staged: all at the start)
       assert step1['hint_tokens'] > 0 or not m.startswith('grpo'), m
-    else:  # Same start, same seed: the same first batch as GRPO ...
+    elif not m.endswith(':tree_bisect'):  # (that sampler: another first batch)
+      # Same start, same seed: the same first batch as GRPO ...
       assert step1['reward'] == base['reward'] and step1['generated_tokens'] == base['generated_tokens'], m
     assert step1['frac_groups_with_signal'] > 0, m
     # ... and a different update from it (the method's credit or loss is in the step), except

@@ -69,6 +69,7 @@ from configs import lm as lm_config
 from configs import tempo as default_config
 from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
+from experiments.rollouts import bisect as bisect_lib
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
 from experiments.training import hindsight as hindsight_lib
@@ -97,6 +98,7 @@ SAMPLER_FIELDS = {
     'tree_turns': ('num_chains', 'num_continuations', 'fork_turn'),
     'lagged': ('group_size', 'lag'),
     'hinted': ('group_size', 'hint_rows', 'hint_schedule'),
+    'tree_bisect': ('num_chains', 'num_rounds', 'num_continuations'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
@@ -149,12 +151,11 @@ def check_config(cfg, reference=None, prefix=''):
     if not is_agent(cfg) and sampler == 'tree_turns':
       raise ValueError("sampler 'tree_turns' forks multi-turn episodes; use it with a "
                        "multi-turn environment (configs/agents.py)")
-    if sampler == 'hinted' and (is_text(cfg) or not hasattr(
+    if sampler in ('hinted', 'tree_bisect') and (is_text(cfg) or not hasattr(
         envs.get(cfg.task.name, **dict(cfg.task.kwargs)), 'reasoning_steps')):
-      raise ValueError(f"sampler 'hinted' puts a prefix of the reference's reasoning steps "
-                       f"before the policy's continuation, which needs a JAX chain-of-thought "
-                       f"task with `reasoning_steps` (scratch_add, countdown_steps); task "
-                       f"{cfg.task.name!r} has none")
+      raise ValueError(f"sampler {sampler!r} works on the reasoning steps of a JAX "
+                       f"chain-of-thought task with `reasoning_steps` (scratch_add, "
+                       f"countdown_steps); task {cfg.task.name!r} has none")
     if sampler == 'hinted' and cfg.sampler.hint_schedule not in hints_lib.SCHEDULES:
       raise ValueError(f'unknown sampler.hint_schedule {cfg.sampler.hint_schedule!r}; valid: '
                        f'{", ".join(hints_lib.SCHEDULES)}')
@@ -225,6 +226,8 @@ def group_size(scfg) -> int:
     return int(np.prod(scfg.branching))
   if scfg.name == 'tree_turns':
     return scfg.num_chains * (1 + scfg.num_continuations)
+  if scfg.name == 'tree_bisect':
+    return bisect_lib.group_size(scfg.num_chains, scfg.num_rounds, scfg.num_continuations)
   return scfg.num_chains * (1 + scfg.num_forks * scfg.num_continuations)
 
 
@@ -286,7 +289,8 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
   """Samples [B, G, L] from the sampler named in scfg.
 
   `task`: anything with eos_id, pad_id, response_len (a JAX task or a problem). 'hinted'
-  also reads the prompts' `info` and the run's `progress` (step / steps).
+  also reads the prompts' `info` and the run's `progress` (step / steps), 'tree_bisect'
+  their `info` (it scores each round of forks).
   """
   if scfg.name == 'hinted':
     return hints_lib.sample_hinted(
@@ -297,6 +301,14 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
   kw = dict(temperature=scfg.temperature if temperature is None else temperature,
             top_p=scfg.top_p, top_k=scfg.top_k, eos_id=task.eos_id, pad_id=task.pad_id,
             prompt_ids=prompt_ids, prompt_len=prompt_len)
+  if scfg.name == 'tree_bisect':  # rounds decided by the task's rewards of the last one
+    jax_task = getattr(task, 'task', task)
+    return bisect_lib.sample_bisect(
+        params, pcfg, key, prompts, scfg.num_chains, scfg.num_rounds, scfg.num_continuations,
+        task.response_len, num_steps=int(jax_task.reasoning_steps),
+        reward_fn=lambda t, m: group_rewards(prompts, t, m, info, task=jax_task),
+        ends_fn=lambda t, m: group_process_rewards(prompts, t, m, info, task=jax_task)[1],
+        **kw)[0]
   r = task.response_len
   if scfg.name in ('iid', 'lagged'):  # lagged: the loop passes the behaviour policy's params
     return sampling.sample_iid(params, pcfg, key, prompts, scfg.group_size, r, **kw)

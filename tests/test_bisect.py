@@ -1,0 +1,100 @@
+"""ELPO (#39): the binary-search rollout tree (experiments/rollouts/bisect.py) against a replay
+of its search from its own outputs, and `elpo`'s error-localised credit against a
+plain-Python reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import credit
+from envs.scratchpad_addition import ScratchpadAddition
+from experiments.models import decoder
+from experiments.rollouts import bisect
+from experiments.training import loop
+from experiments.training.probes import probe_cuts
+from groups import groups, grpo_ref
+
+TASK = ScratchpadAddition(num_digits=3)
+CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1, num_heads=2,
+                           d_ff=32, max_len=TASK.prompt_len + TASK.response_len)
+
+
+def test_bisection_steps():
+  lo, hi, last = jnp.array([-1, 0, 2]), jnp.array([4, 2, 3]), jnp.array([3, 1, 2])
+  mid = bisect.bisect_mid(lo, hi, last)
+  assert list(np.asarray(mid)) == [1, 1, 2]
+  new_lo, new_hi = bisect.bisect_update(lo, hi, mid, jnp.array([True, False, True]))
+  assert list(np.asarray(new_lo)) == [1, 0, 2] and list(np.asarray(new_hi)) == [4, 1, 3]
+
+
+def test_sampler_forks_where_the_search_says_and_copies_the_chain():
+  params = decoder.init_params(jax.random.PRNGKey(0), CFG)
+  b, n, r, c = 3, 3, 3, 2
+  prompts, info = TASK.sample(jax.random.key(0), b)
+  # A success is a response whose first token is even: forks after position 0 inherit it.
+  reward_fn = lambda t, m: ((t[..., 0] % 2 == 0) & m[..., 0]).astype(jnp.float32)
+  ends_fn = lambda t, m: loop.group_process_rewards(prompts, t, m, info, task=TASK)[1]
+  s, (lo, hi) = bisect.sample_bisect(params, CFG, jax.random.key(1), prompts, n, r, c,
+                                     TASK.response_len, reward_fn=reward_fn, ends_fn=ends_fn,
+                                     num_steps=TASK.reasoning_steps, eos_id=TASK.eos_id,
+                                     pad_id=TASK.pad_id)
+  assert s.tokens.shape[1] == bisect.group_size(n, r, c)
+  tokens, mask = np.asarray(s.tokens), np.asarray(s.mask)
+  parent, fork = np.asarray(s.parent), np.asarray(s.fork)
+  assert np.all(parent[:, :n] == -1) and np.all(fork[:, :n] == 0)
+  cuts, ok = (np.asarray(x) for x in probe_cuts(ends_fn(s.tokens[:, :n], s.mask[:, :n]),
+                                               s.mask[:, :n], TASK.reasoning_steps))
+  rewards = np.asarray(reward_fn(s.tokens, s.mask))
+  # The case exercises the search: chains with several boundaries, probes won and lost.
+  assert (ok.sum(-1) > 2).any()
+  assert (np.asarray(lo) >= 0).any() and (np.asarray(hi) < ok.sum(-1)).any()
+  for i in range(b):
+    for k in range(n):
+      last = int(ok[i, k].sum()) - 1
+      a, z = -1, last + 1  # the search, replayed from the outputs
+      for rr in range(r):
+        mid = min(max((a + z) // 2, 0), last)
+        rows = [n + (rr * n + k) * c + j for j in range(c)]
+        for row in rows:
+          assert parent[i, row] == k and fork[i, row] == cuts[i, k, mid]
+          p = fork[i, row]
+          np.testing.assert_array_equal(tokens[i, row, :p], tokens[i, k, :p])
+        won = any(rewards[i, row] >= 1.0 for row in rows)
+        a, z = (mid, z) if won else (a, mid)
+      assert (lo[i, k], hi[i, k]) == (a, z)
+  # A tree the estimators read: the loop's tree from parent pointers builds without error.
+  credit.validate(credit.Rollouts(tokens=s.tokens, mask=s.mask, rewards=jnp.asarray(rewards)))
+
+
+def ref_elpo(tokens, mask, rewards):
+  a = grpo_ref(rewards)
+  out = np.zeros(mask.shape)
+  for idx in np.ndindex(rewards.shape):
+    grp = idx[:-1]
+    n = int(mask[idx].sum())
+    for t in range(n):
+      pre = tuple(tokens[idx][:t + 1])
+      won = any(rewards[grp + (j,)] >= 1.0 and mask[grp + (j,)][:t + 1].all()
+                and tuple(tokens[grp + (j,)][:t + 1]) == pre
+                for j in range(rewards.shape[-1]))
+      out[idx][t] = 0.0 if (a[idx] < 0 and won) else a[idx]
+  return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(groups(sizes=(1, 3, 6), lengths=(5,), batch=(2,)))
+def test_elpo_matches_reference(group):
+  tokens, mask, rewards = group
+  rewards = (rewards > 0.5).astype(np.float32)  # successes and failures
+  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards)
+  np.testing.assert_allclose(credit.get('elpo')(r), ref_elpo(tokens, mask, rewards),
+                             atol=1e-5)
+
+
+def test_elpo_without_shared_prefixes_is_grpo():
+  tokens = np.arange(12, dtype=np.int32).reshape(1, 4, 3)  # every first token differs
+  mask = np.ones((1, 4, 3), bool)
+  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=np.array([[1.0, 0.0, 0.0, 1.0]]))
+  np.testing.assert_allclose(credit.get('elpo')(r), credit.get('grpo')(r), atol=1e-6)
