@@ -22,10 +22,11 @@ import ml_collections
 # only, configs/agents.py; the others: single-turn tasks, 'iid' both; 'lagged': G i.i.d.
 # responses from the policy of the last step that is a multiple of sampler.lag; 'hinted': G
 # responses, the first hint_rows after a prefix of the reference, experiments/training/hints.py;
-# 'tree_bisect': chains and rounds of forks at binary-searched step boundaries,
-# experiments/rollouts/bisect.py).
+# 'tree_bisect': chains and rounds of forks at binary-searched step boundaries; 'tree_steps':
+# every response forked at its l-th step boundary, level by level; experiments/rollouts/
+# step_forks.py).
 SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged',
-            'hinted', 'tree_bisect')
+            'hinted', 'tree_bisect', 'tree_steps')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -55,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
       num_chains=4, num_forks=1, num_continuations=1,       # tree_entropy: G = N (1 + F C)
       score='entropy',
       num_rounds=2,                  # tree_bisect: G = N (1 + rounds C)
+      num_levels=2,                  # tree_steps: G = N (1 + C)^levels
       cut_threshold=0.9, cut_every=1))  # tree_cutpoints (SPO-chain): same G as tree_entropy
 
   c.credit = ml_collections.ConfigDict(dict(name='grpo', hparams={}))

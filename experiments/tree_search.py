@@ -1,6 +1,7 @@
-"""The seeds' search trees (ELPO's binary-search rollout tree) vs GRPO on scratch_add.
+"""The seeds' search trees (ELPO's binary-search tree, TreePS-RAG's step tree) vs GRPO on
+scratch_add.
 
-    python -m experiments.tree_search [--config.quick=True]
+    python -m experiments.tree_search [--config=configs/tree_search.py:steps] [--config.quick=True]
 
 Methods and budget: configs/tree_search.py. Shared machinery: experiments/training/compare.py.
 """

@@ -14,7 +14,7 @@ from experiments.training import compare, loop
 # have quick tests of their own: test_interventions, test_replay, test_milestones).
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
             'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'hints:adhint',
-            'tree_search',
+            'tree_search', 'tree_search:steps',
             *(pytest.param(f, marks=pytest.mark.slow)
               for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline')))
 
@@ -52,6 +52,7 @@ def test_family_quick(family, workdir):
   # One-digit scratch_add and 400 SFT steps (seconds): the start earns some reward, so
   # the first batch carries signal (the quick 3-digit start is at 0: every update is 0).
   cfg.task.kwargs = {'num_digits': 1}
+  cfg.sampler.num_levels = 1  # 'tree_steps' forks at most at its one reasoning step
   cfg.sft.steps, cfg.rl.steps, cfg.eval.every, cfg.rl.ckpt_every = 400, 2, 2, 2
   methods = [loop.method_name(*m) for m in loop.parse_methods(cfg.methods)]
   assert methods[0] == 'grpo:iid' and len(methods) >= 2
@@ -72,7 +73,7 @@ def test_family_quick(family, workdir):
       continue
     if m.endswith(':hinted'):  # its sampler puts hints in (staged: all at the start)
       assert step1['hint_tokens'] > 0 or not m.startswith('grpo'), m
-    elif not m.endswith(':tree_bisect'):  # (that sampler: another first batch)
+    elif not m.endswith((':tree_bisect', ':tree_steps')):  # (those: another first batch)
       # Same start, same seed: the same first batch as GRPO ...
       assert step1['reward'] == base['reward'] and step1['generated_tokens'] == base['generated_tokens'], m
     assert step1['frac_groups_with_signal'] > 0, m

@@ -38,6 +38,8 @@ RULES = (
     ('sampler.branching', '[1, inf)'),
     ('sampler.segment_len', '[1, inf)'),
     ('sampler.num_chains', '[1, inf)'),
+    ('sampler.num_rounds', '[1, inf)'),
+    ('sampler.num_levels', '[1, inf)'),
     ('sampler.num_forks', '[1, inf)'),
     ('sampler.num_continuations', '[1, inf)'),
     ('sampler.cut_threshold', '(0, 1]'),

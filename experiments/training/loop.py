@@ -69,7 +69,7 @@ from configs import lm as lm_config
 from configs import tempo as default_config
 from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
-from experiments.rollouts import bisect as bisect_lib
+from experiments.rollouts import step_forks
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
 from experiments.training import hindsight as hindsight_lib
@@ -99,6 +99,7 @@ SAMPLER_FIELDS = {
     'lagged': ('group_size', 'lag'),
     'hinted': ('group_size', 'hint_rows', 'hint_schedule'),
     'tree_bisect': ('num_chains', 'num_rounds', 'num_continuations'),
+    'tree_steps': ('num_chains', 'num_levels', 'num_continuations'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
@@ -151,11 +152,15 @@ def check_config(cfg, reference=None, prefix=''):
     if not is_agent(cfg) and sampler == 'tree_turns':
       raise ValueError("sampler 'tree_turns' forks multi-turn episodes; use it with a "
                        "multi-turn environment (configs/agents.py)")
-    if sampler in ('hinted', 'tree_bisect') and (is_text(cfg) or not hasattr(
+    if sampler in ('hinted', 'tree_bisect', 'tree_steps') and (is_text(cfg) or not hasattr(
         envs.get(cfg.task.name, **dict(cfg.task.kwargs)), 'reasoning_steps')):
       raise ValueError(f"sampler {sampler!r} works on the reasoning steps of a JAX "
                        f"chain-of-thought task with `reasoning_steps` (scratch_add, "
                        f"countdown_steps); task {cfg.task.name!r} has none")
+    if sampler == 'tree_steps' and cfg.sampler.num_levels > envs.get(
+        cfg.task.name, **dict(cfg.task.kwargs)).reasoning_steps:
+      raise ValueError(f'sampler.num_levels = {cfg.sampler.num_levels} is more than task '
+                       f'{cfg.task.name!r} has reasoning steps to fork at')
     if sampler == 'hinted' and cfg.sampler.hint_schedule not in hints_lib.SCHEDULES:
       raise ValueError(f'unknown sampler.hint_schedule {cfg.sampler.hint_schedule!r}; valid: '
                        f'{", ".join(hints_lib.SCHEDULES)}')
@@ -227,7 +232,9 @@ def group_size(scfg) -> int:
   if scfg.name == 'tree_turns':
     return scfg.num_chains * (1 + scfg.num_continuations)
   if scfg.name == 'tree_bisect':
-    return bisect_lib.group_size(scfg.num_chains, scfg.num_rounds, scfg.num_continuations)
+    return step_forks.group_size(scfg.num_chains, scfg.num_rounds, scfg.num_continuations)
+  if scfg.name == 'tree_steps':
+    return step_forks.step_tree_size(scfg.num_chains, scfg.num_levels, scfg.num_continuations)
   return scfg.num_chains * (1 + scfg.num_forks * scfg.num_continuations)
 
 
@@ -290,7 +297,7 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
 
   `task`: anything with eos_id, pad_id, response_len (a JAX task or a problem). 'hinted'
   also reads the prompts' `info` and the run's `progress` (step / steps), 'tree_bisect'
-  their `info` (it scores each round of forks).
+  and 'tree_steps' their `info` (the step ends, and the rewards of each round of forks).
   """
   if scfg.name == 'hinted':
     return hints_lib.sample_hinted(
@@ -303,12 +310,19 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
             prompt_ids=prompt_ids, prompt_len=prompt_len)
   if scfg.name == 'tree_bisect':  # rounds decided by the task's rewards of the last one
     jax_task = getattr(task, 'task', task)
-    return bisect_lib.sample_bisect(
+    return step_forks.sample_bisect(
         params, pcfg, key, prompts, scfg.num_chains, scfg.num_rounds, scfg.num_continuations,
         task.response_len, num_steps=int(jax_task.reasoning_steps),
         reward_fn=lambda t, m: group_rewards(prompts, t, m, info, task=jax_task),
         ends_fn=lambda t, m: group_process_rewards(prompts, t, m, info, task=jax_task)[1],
         **kw)[0]
+  if scfg.name == 'tree_steps':  # each level forks every response at its next step boundary
+    jax_task = getattr(task, 'task', task)
+    return step_forks.sample_step_tree(
+        params, pcfg, key, prompts, scfg.num_chains, scfg.num_levels, scfg.num_continuations,
+        task.response_len, num_steps=int(jax_task.reasoning_steps),
+        ends_fn=lambda t, m: group_process_rewards(prompts, t, m, info, task=jax_task)[1],
+        **kw)
   r = task.response_len
   if scfg.name in ('iid', 'lagged'):  # lagged: the loop passes the behaviour policy's params
     return sampling.sample_iid(params, pcfg, key, prompts, scfg.group_size, r, **kw)

@@ -1,17 +1,18 @@
-"""ELPO (#39): the binary-search rollout tree (experiments/rollouts/bisect.py) against a replay
+"""ELPO (#39): the binary-search rollout tree (experiments/rollouts/step_forks.py) against a replay
 of its search from its own outputs, and `elpo`'s error-localised credit against a
 plain-Python reference."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import credit
 from envs.scratchpad_addition import ScratchpadAddition
 from experiments.models import decoder
-from experiments.rollouts import bisect
+from experiments.rollouts import step_forks
 from experiments.training import loop
 from experiments.training.probes import probe_cuts
 from groups import groups, grpo_ref
@@ -23,9 +24,9 @@ CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
 
 def test_bisection_steps():
   lo, hi, last = jnp.array([-1, 0, 2]), jnp.array([4, 2, 3]), jnp.array([3, 1, 2])
-  mid = bisect.bisect_mid(lo, hi, last)
+  mid = step_forks.bisect_mid(lo, hi, last)
   assert list(np.asarray(mid)) == [1, 1, 2]
-  new_lo, new_hi = bisect.bisect_update(lo, hi, mid, jnp.array([True, False, True]))
+  new_lo, new_hi = step_forks.bisect_update(lo, hi, mid, jnp.array([True, False, True]))
   assert list(np.asarray(new_lo)) == [1, 0, 2] and list(np.asarray(new_hi)) == [4, 1, 3]
 
 
@@ -36,11 +37,11 @@ def test_sampler_forks_where_the_search_says_and_copies_the_chain():
   # A success is a response whose first token is even: forks after position 0 inherit it.
   reward_fn = lambda t, m: ((t[..., 0] % 2 == 0) & m[..., 0]).astype(jnp.float32)
   ends_fn = lambda t, m: loop.group_process_rewards(prompts, t, m, info, task=TASK)[1]
-  s, (lo, hi) = bisect.sample_bisect(params, CFG, jax.random.key(1), prompts, n, r, c,
+  s, (lo, hi) = step_forks.sample_bisect(params, CFG, jax.random.key(1), prompts, n, r, c,
                                      TASK.response_len, reward_fn=reward_fn, ends_fn=ends_fn,
                                      num_steps=TASK.reasoning_steps, eos_id=TASK.eos_id,
                                      pad_id=TASK.pad_id)
-  assert s.tokens.shape[1] == bisect.group_size(n, r, c)
+  assert s.tokens.shape[1] == step_forks.group_size(n, r, c)
   tokens, mask = np.asarray(s.tokens), np.asarray(s.mask)
   parent, fork = np.asarray(s.parent), np.asarray(s.fork)
   assert np.all(parent[:, :n] == -1) and np.all(fork[:, :n] == 0)
@@ -98,3 +99,48 @@ def test_elpo_without_shared_prefixes_is_grpo():
   mask = np.ones((1, 4, 3), bool)
   r = credit.Rollouts(tokens=tokens, mask=mask, rewards=np.array([[1.0, 0.0, 0.0, 1.0]]))
   np.testing.assert_allclose(credit.get('elpo')(r), credit.get('grpo')(r), atol=1e-6)
+
+
+def test_step_tree_forks_every_response_at_its_next_boundary():
+  params = decoder.init_params(jax.random.PRNGKey(0), CFG)
+  b, n, levels, c = 2, 2, 2, 2
+  prompts, info = TASK.sample(jax.random.key(0), b)
+  ends_fn = lambda t, m: loop.group_process_rewards(prompts, t, m, info, task=TASK)[1]
+  s = step_forks.sample_step_tree(params, CFG, jax.random.key(3), prompts, n, levels, c,
+                                  TASK.response_len, ends_fn=ends_fn,
+                                  num_steps=TASK.reasoning_steps, eos_id=TASK.eos_id,
+                                  pad_id=TASK.pad_id)
+  g = step_forks.step_tree_size(n, levels, c)
+  assert s.tokens.shape[1] == g == n * (1 + c) ** levels
+  tokens, parent, fork = np.asarray(s.tokens), np.asarray(s.parent), np.asarray(s.fork)
+  cuts, ok = (np.asarray(x) for x in probe_cuts(ends_fn(s.tokens, s.mask), s.mask,
+                                               TASK.reasoning_steps))
+  size = n
+  for level in range(1, levels + 1):  # rows [size, size (1 + c)) fork rows [0, size)
+    for i in range(b):
+      for src in range(size):
+        for j in range(c):
+          row = size + src * c + j
+          assert parent[i, row] == src
+          want = cuts[i, src, level] if ok[i, src, level] else 0
+          assert fork[i, row] == want
+          np.testing.assert_array_equal(tokens[i, row, :want], tokens[i, src, :want])
+    size *= 1 + c
+  assert (fork > 0).any()  # some responses had a boundary to fork at
+  # The tree the loop builds from these pointers is consistent with the tokens.
+  import trees
+  trees.from_forks(s.tokens, s.mask, s.parent, s.fork)
+  with pytest.raises(ValueError, match='num_levels'):
+    step_forks.sample_step_tree(params, CFG, jax.random.key(3), prompts, n, 4, c,
+                                TASK.response_len, ends_fn=ends_fn, num_steps=3)
+
+
+def test_treeps_is_step_level_mc_values():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 2, (2, 4, 6)).astype(np.int32)
+  mask = np.arange(6) < rng.integers(1, 7, (2, 4))[..., None]
+  ends = (rng.random((2, 4, 6)) < 0.4) & mask
+  rewards = rng.integers(0, 2, (2, 4)).astype(np.float32)
+  r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, step_ends=ends)
+  np.testing.assert_allclose(credit.get('treeps')(r), credit.get('mc_values')(
+      r, granularity='step', scale_by_std=True), atol=1e-6)
