@@ -20,7 +20,8 @@ step's groups (`critic.targets = 'tree'`: a process value model trained on tree 
 instead of TD(λ) returns, against GRPO. `:advantage` (issue 24, #77): the Advantage Model,
 the critic regressing each response's reward less its group's mean (`critic.targets =
 'advantage'`), its output before the last token used as the response's advantage
-(`advantage_model`), against GRPO. `:pum` (#90): a prefix utility model, the critic ranking
+(`advantage_model`; `critic.critic_warmup` = 10: verl's critic warm-up, the first 10 of the
+40 steps update the model only), against GRPO. `:pum` (#90): a prefix utility model, the critic ranking
 each response's prefixes by their tree values (`critic.targets = 'tree'`, `critic.loss =
 'rank'`), its utility gain over each reasoning step added to GRPO (`pum`), against GRPO.
 """
@@ -48,5 +49,8 @@ def get_config(arg: str = ''):
       agg='token-mean', epochs=c.loss.num_epochs, minibatches=c.loss.num_minibatches,
       microbatches=c.loss.num_microbatches,
       targets={'tree': 'tree', 'pum': 'tree', 'advantage': 'advantage'}.get(arg, 'td_lambda'),
-      loss='rank' if arg == 'pum' else 'mse'))  # 'td_lambda', 'mse': verl's
+      loss='rank' if arg == 'pum' else 'mse',  # 'td_lambda', 'mse': verl's
+      # The Advantage Model scores every response: untrained, its noise (amplified by Adam
+      # into full-size steps) collapsed training; it first learns from 10 steps' samples.
+      critic_warmup=10 if arg == 'advantage' else 0))
   return c

@@ -237,7 +237,7 @@ def test_critic_targets_option_keeps_old_fingerprints_and_refuses_unknown():
   old = base.copy_and_resolve_references()
   del old.critic['targets']  # a config from before the option
   assert fp(base) == fp(old) and fp(tree) != fp(base)
-  old.critic.loss = 'mse'  # the default loss keeps them too
+  old.critic.loss, old.critic.critic_warmup = 'mse', 0  # the defaults keep them too
   assert fp(old) == fp(base)
   pum = ppo_config.get_config('pum')
   assert (pum.critic.targets, pum.critic.loss) == ('tree', 'rank') and fp(pum) != fp(tree)
@@ -382,3 +382,22 @@ def test_pum_matches_reference(seed):
   np.testing.assert_allclose(credit.get('pum')(r, coef=0.5),
                              ref_pum(rewards, mask, ends, values, 0.5), atol=1e-4, rtol=1e-4)
   np.testing.assert_allclose(credit.get('pum')(r, coef=0.0), credit.get('grpo')(r), atol=1e-6)
+
+
+def test_critic_warmup_steps_leave_the_policy_alone(tmp_path):
+  from configs import ppo
+  from experiments.training import loop
+  from tests.test_loop import init_params, quick_cfg
+  cfg = quick_cfg()
+  with cfg.unlocked():
+    cfg.critic = ppo.get_config().critic
+    cfg.critic.critic_warmup = 2
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 3, 3, 1
+  loop.train(cfg, str(tmp_path), init_params(cfg), method='ppo:iid', progress=False)
+  rows = loop.read_metrics(str(tmp_path / 'metrics.jsonl'))
+  assert [r.get('critic_warmup') for r in rows[1:]] == [1.0, 1.0, None]
+  assert 'loss' not in rows[1] and 'loss' not in rows[2] and np.isfinite(rows[3]['loss'])
+  assert all(np.isfinite(r['critic/vf_loss']) for r in rows[1:])
+  assert rows[1]['greedy_acc'] == rows[2]['greedy_acc'] == rows[0]['greedy_acc']
+  with pytest.raises(ValueError, match='critic_warmup'):
+    critic_lib.CriticConfig(critic_warmup=-1)

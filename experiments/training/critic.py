@@ -60,6 +60,9 @@ class CriticConfig:
   # 'mse': verl's clipped squared error; 'rank': a pairwise logistic ranking loss over the
   # prefixes of each response (PUM, #90: `rank_loss`), which orders values, not scales them.
   loss: str = 'mse'
+  # verl's trainer.critic_warmup: the first RL steps update the critic only (the policy
+  # waits for a critic that has seen its samples).
+  critic_warmup: int = 0
 
   def __post_init__(self):
     if self.targets not in TARGETS:
@@ -70,6 +73,8 @@ class CriticConfig:
       raise ValueError(f'critic agg {self.agg!r}; valid: {", ".join(ts.AGG_MODES)}')
     if not self.cliprange_value >= 0:
       raise ValueError(f'critic cliprange_value must be >= 0; got {self.cliprange_value}')
+    if self.critic_warmup < 0:
+      raise ValueError(f'critic critic_warmup must be >= 0; got {self.critic_warmup}')
     for f in ('num_epochs', 'num_minibatches', 'num_microbatches'):
       if getattr(self, f) < 1:
         raise ValueError(f'critic {f} must be >= 1')
@@ -240,7 +245,7 @@ def group_values(params, prompts, tokens, prompt_len=None, *, cfg):
 
 # The optional `critic` config section (configs/ppo.py); a config without it uses defaults.
 CONFIG_FIELDS = ('lr', 'warmup_steps', 'cliprange_value', 'agg', 'epochs', 'minibatches',
-                 'microbatches', 'targets', 'loss')
+                 'microbatches', 'targets', 'loss', 'critic_warmup')
 
 
 def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
@@ -257,7 +262,8 @@ def from_config(cfg, init_params, pcfg, run_seed: int, mesh):
       num_epochs=int(get('epochs', cfg.loss.num_epochs)),
       num_minibatches=int(get('minibatches', cfg.loss.num_minibatches)),
       num_microbatches=int(get('microbatches', cfg.loss.num_microbatches)),
-      targets=get('targets', 'td_lambda'), loss=get('loss', 'mse'))
+      targets=get('targets', 'td_lambda'), loss=get('loss', 'mse'),
+      critic_warmup=int(get('critic_warmup', 0)))
   tx = ts.make_optimizer(float(get('lr', o.lr)), int(get('warmup_steps', o.warmup_steps)),
                          o.weight_decay, o.grad_clip, o.b1, o.b2)
   if (ccfg.targets == 'advantage') != (cfg.credit.name == 'advantage_model'):

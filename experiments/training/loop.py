@@ -241,8 +241,8 @@ def group_size(scfg) -> int:
 def run_config(cfg, run_seed: int):
   """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped, and
   the `critic` section dropped when the estimator reads no values (so GRPO runs of
-  configs/ppo.py share their workdir with every other script's), its default targets and
-  loss, rl.prompt_pool when 0 and sft.hindsight_frac when 0."""
+  configs/ppo.py share their workdir with every other script's), its default targets, loss
+  and critic_warmup, rl.prompt_pool when 0 and sft.hindsight_frac when 0."""
   out = cfg.copy_and_resolve_references()
   out.rl.seed = run_seed
   used = SAMPLER_COMMON + SAMPLER_FIELDS[cfg.sampler.name]
@@ -252,7 +252,7 @@ def run_config(cfg, run_seed: int):
     if 'critic' in out and 'values' not in credit.needs(cfg.credit.name):
       del out['critic']
     elif 'critic' in out:  # the defaults: fingerprints of runs before the options
-      for field, default in (('targets', 'td_lambda'), ('loss', 'mse')):
+      for field, default in (('targets', 'td_lambda'), ('loss', 'mse'), ('critic_warmup', 0)):
         if out.critic.get(field, None) == default:
           del out.critic[field]
     if not out.rl.get('prompt_pool', 0) and 'prompt_pool' in out.rl:
@@ -1288,7 +1288,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         critic_s += time.perf_counter() - tc
       next_store = (replay_lib.update(replay_store, draw.prompt_ids, samples, rewards, replayed,
                                       step=i, **replay_kw) if need_replay else None)
-      state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
+      if need_values and i < ccfg.critic_warmup:  # verl's critic_warmup: the critic alone
+        m = dict(critic_warmup=1.0)
+      else:
+        state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
       # `state` is now the state after this step (the old one was donated); the credit,
       # critic and replay states after it are committed with it, in one statement.
       step, credit_state, critic_state, replay_store = (
