@@ -7,10 +7,11 @@ fused with the outcome) vs GRPO on household, `configs.agents.paper`'s budget
 matched environment steps (the GRPO runs are those of configs/milestones.py and
 configs/turn_norm.py: share a workdir to reuse them).
 
-`:steps`: InT (#131, `intervention`) vs GRPO on scratch_add, `configs.tempo.family`'s budget:
-before RL, 10 SFT steps on the policy's own failures with their first wrong step replaced
-by the demonstration's (experiments/training/interventions.py); its sampled tokens count in
-the matched generated tokens.
+`:steps`: InT (#131, `intervention`) and DistIL (#169, `distil`) vs GRPO on scratch_add,
+`configs.tempo.family`'s budget. InT: before RL, 10 SFT steps on the policy's own failures
+with their first wrong step replaced by the demonstration's (experiments/training/
+interventions.py; its sampled tokens count in the matched generated tokens). DistIL: the
+same correction of each step's own samples, one SFT step (its own Adam) after every update.
 
     python -m experiments.expert_traces [--config=configs/expert_traces.py:steps]
 """
@@ -20,7 +21,7 @@ from configs import agents, tempo
 
 def get_config(arg: str = ''):
   if arg == 'steps':
-    return tempo.family('intervention:iid')
+    return tempo.family('intervention:iid,distil:iid')
   if arg:
     raise ValueError(f'configs/expert_traces.py:{arg}: valid variants are "" (household) and '
                      f'steps')

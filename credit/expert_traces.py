@@ -1,5 +1,6 @@
 """Expert-trace and counterfactual turn credit for agents (issue 23): MatchTIR (#27) and
-InfoPO (#41); InT (#131), the reference's step in place of the first error, before RL.
+InfoPO (#41); InT (#131), the reference's step in place of the first error, before RL, and
+DistIL (#169), the same correction as an imitation step after every update.
 
 `matchtir(turns, ...) -> advantages [..., G, K]` reads `Turns.expert_matches` (the loop fills
 them when an estimator needs them: each turn's action matched one-to-one against the
@@ -103,5 +104,27 @@ def intervention(rollouts: Rollouts, *, scale_by_std: bool = True, eps: float = 
   tokens count in the run's generated tokens. Returns float32 [..., G, L].
   """
   del intervention_steps, intervention_lr  # the loop's phase reads them
+  return _grpo_tokens(rollouts, scale_by_std, eps)
+
+
+def _grpo_tokens(rollouts: Rollouts, scale_by_std: bool, eps: float):
+  """GRPO's A_i on every token of response i (float32 [..., G, L], 0 off the mask)."""
   adv = grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps)
   return jnp.where(rollouts.mask, adv[..., None], 0.0).astype(jnp.float32)
+
+
+@register("distil", needs=("expert_sft",))
+def distil(rollouts: Rollouts, *, scale_by_std: bool = True, eps: float = _EPS,
+           expert_lr: float = 3e-4):
+  """DistIL (#169): distributional DAgger, a forward cross-entropy to the expert's
+  distribution on the states the current policy visits. Reading for a verifier with a
+  deterministic expert (scratch_add): the states are the learner's responses at their first
+  wrong step (its valid prefix), the expert's distribution there is the reference's next
+  step (`task.interventions`, InT's rows), and the objective −log π(expert step | learner
+  prefix) is taken with one SFT step (its own Adam at `expert_lr`) after each RL update,
+  on that step's samples (the loop, `needs` 'expert_sft'); the RL credit is GRPO's, which
+  this returns. Later states of a failed response have no expert action (the task is lost)
+  and get none. Returns float32 [..., G, L].
+  """
+  del expert_lr  # the loop's imitation step reads it
+  return _grpo_tokens(rollouts, scale_by_std, eps)

@@ -98,3 +98,29 @@ def test_the_phase_runs_before_rl_and_counts_its_tokens(tmp_path):
   with pytest.raises(ValueError, match='single-step interventions'):
     loop.train(cfg, str(tmp_path / 'add'), init_params(cfg), method='intervention:iid',
                progress=False)
+
+
+def test_distil_credit_is_grpo():
+  rng = np.random.default_rng(1)
+  mask = np.arange(4) < rng.integers(0, 5, (2, 3))[..., None]
+  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
+                      rewards=jnp.asarray(rng.integers(0, 2, (2, 3)).astype(np.float32)))
+  np.testing.assert_allclose(credit.get('distil')(r), credit.get('grpo')(r), atol=1e-6)
+
+
+def test_distil_imitates_after_each_update_and_resumes_exactly(tmp_path):
+  from experiments.training import loop
+  from tests.test_loop import init_params, quick_cfg, strip
+  cfg = quick_cfg(default_task=True)
+  cfg.task.kwargs = {'num_digits': 2}
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 2, 1, 1
+  init = init_params(cfg)
+  loop.train(cfg, str(tmp_path / 'whole'), init, method='distil:iid', progress=False)
+  whole = loop.read_metrics(str(tmp_path / 'whole' / 'metrics.jsonl'))
+  assert all(r['expert_rows'] > 0 and np.isfinite(r['expert_loss']) for r in whole[1:])
+  cfg.rl.steps = 1  # the same run cut after step 1, then resumed (DistIL's Adam restored)
+  loop.train(cfg, str(tmp_path / 'cut'), init, method='distil:iid', progress=False)
+  cfg.rl.steps = 2
+  loop.train(cfg, str(tmp_path / 'cut'), init, method='distil:iid', progress=False)
+  cut = loop.read_metrics(str(tmp_path / 'cut' / 'metrics.jsonl'))
+  assert strip(cut) == strip(whole)

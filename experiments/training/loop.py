@@ -27,6 +27,8 @@ Optional Rollouts inputs are computed only when the estimator `needs` them
                     with each group's modal answer instead (SIOP)
   interventions     InT's fine-tuning phase before the first RL step
                     (`experiments/training/interventions.py`; scratch_add)
+  expert_sft        DistIL: after each update, one SFT step (its own Adam) on the same
+                    interventions of this step's responses
 A stateful estimator (`credit.stateful(name)`) gets its state (`credit.init_state`) in
 `Rollouts.credit_state`; after the advantages the loop computes `credit.update_state` in
 the same jitted call, commits it with the update, logs its scalar leaves as
@@ -732,7 +734,7 @@ def _state_tree(state: ts.TrainState, aux=None):
   """The checkpointed tree: the train state, and each non-None `aux` entry (the loop state
   that persists across steps: 'credit_state' a stateful estimator's, 'critic' the learned
   critic's `TrainState`, 'replay' the replay store, 'behaviour' the lagged sampler's
-  params), saved with the step's."""
+  params, 'expert_opt' DistIL's SFT optimizer state), saved with the step's."""
   tree = _train_tree(state)
   for name, value in (aux or {}).items():
     if value is not None:
@@ -1079,10 +1081,20 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   replay_kw = dict(success=float(hparams.get('success', 1.0)),
                    two_sided='replay_failures' in needs)
   replay_current = hparams.get('replay_logprobs', 'behaviour') == 'current'
+  # DistIL: an SFT step toward the expert at the learner's first wrong step, after each
+  # update, with its own Adam (its moments are loop state).
+  need_expert = 'expert_sft' in needs
+  if need_expert and not hasattr(getattr(problem, 'task', None), 'interventions'):
+    raise ValueError(f'credit {cfg.credit.name!r} imitates the expert at the learner\'s '
+                     f'first wrong step, which needs a task that builds single-step '
+                     f'interventions (scratch_add); task {cfg.task.name!r} does not')
+  expert_tx = ts.make_optimizer(float(hparams.get('expert_lr', 3e-4))) if need_expert else None
+  expert_opt = expert_tx.init(state.params) if need_expert else None
   restored, meta, aux = restore_checkpoint(mngr, state, fp, flat, dict(
-      credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour))
+      credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour,
+      expert_opt=expert_opt))
   credit_state, critic_state = aux['credit_state'], aux['critic']
-  replay_store, behaviour = aux['replay'], aux['behaviour']
+  replay_store, behaviour, expert_opt = aux['replay'], aux['behaviour'], aux['expert_opt']
   if need_values:
     critic_state = ts.shard_state(critic_state, mesh)
   start, wall0 = 0, 0.0
@@ -1154,7 +1166,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
 
   def checkpoint():  # the train, credit and critic states after `step`, together
     save_checkpoint(mngr, step, state, meta_now(), dict(
-        credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour))
+        credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour,
+        expert_opt=expert_opt))
 
   bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
              initial=start, total=cfg.rl.steps, leave=False)
@@ -1292,10 +1305,21 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         m = dict(critic_warmup=1.0)
       else:
         state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=loss_cfg)
+      next_expert = expert_opt
+      if need_expert:  # DistIL: forward cross-entropy to the expert at the learner's states
+        e_prompts, e_tokens, e_mask, e_ok = problem.interventions(draw, samples)
+        m['expert_rows'] = float(jnp.sum(e_ok))
+        if m['expert_rows'] > 0:
+          es, em = ts.sft_step_jit(  # donates its state: the policy's params (replaced
+              ts.TrainState(params=state.params, opt_state=expert_opt,  # below), fresh rest
+                            step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(0),
+                            tx=expert_tx), e_prompts, e_tokens, e_mask, cfg=pcfg)
+          state, next_expert, m['expert_loss'] = (state.replace(params=es.params),
+                                                  es.opt_state, em['loss'])
       # `state` is now the state after this step (the old one was donated); the credit,
       # critic and replay states after it are committed with it, in one statement.
-      step, credit_state, critic_state, replay_store = (
-          i + 1, next_credit_state if stateful else None, next_critic, next_store)
+      step, credit_state, critic_state, replay_store, expert_opt = (
+          i + 1, next_credit_state if stateful else None, next_critic, next_store, next_expert)
       m.update(cm)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                      interrupted=True)
