@@ -23,7 +23,8 @@ the critic regressing each response's reward less its group's mean (`critic.targ
 (`advantage_model`; `critic.critic_warmup` = 10: verl's critic warm-up, the first 10 of the
 40 steps update the model only), against GRPO. `:pum` (#90): a prefix utility model, the critic ranking
 each response's prefixes by their tree values (`critic.targets = 'tree'`, `critic.loss =
-'rank'`), its utility gain over each reasoning step added to GRPO (`pum`), against GRPO.
+'rank'`, 10 warm-up steps), its utility gain over each reasoning step added to GRPO (`pum`),
+against GRPO.
 """
 
 import ml_collections
@@ -50,7 +51,8 @@ def get_config(arg: str = ''):
       microbatches=c.loss.num_microbatches,
       targets={'tree': 'tree', 'pum': 'tree', 'advantage': 'advantage'}.get(arg, 'td_lambda'),
       loss='rank' if arg == 'pum' else 'mse',  # 'td_lambda', 'mse': verl's
-      # The Advantage Model scores every response: untrained, its noise (amplified by Adam
-      # into full-size steps) collapsed training; it first learns from 10 steps' samples.
-      critic_warmup=10 if arg == 'advantage' else 0))
+      # The Advantage Model and PUM score every response: untrained, their noise (amplified
+      # by Adam into full-size steps) collapsed or destabilised training; they first learn
+      # from 10 steps' samples (the papers train them before RL).
+      critic_warmup=10 if arg in ('advantage', 'pum') else 0))
   return c
