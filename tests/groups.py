@@ -84,3 +84,15 @@ def grpo_ref(rewards, scale_by_std=True):
     elif r.max() > r.min():
       out[idx] = (r - r.mean()) / ((r.std(ddof=1) + 1e-6) if scale_by_std else 1.0)
   return out
+
+
+def outcome_rollouts(seed: int, shape=(2, 3), length: int = 4):
+  """(mask [*shape, L], 0/1 rewards [*shape], `credit.Rollouts` of zero tokens) for tests of
+  estimators that read only the outcome and the mask."""
+  import credit  # noqa: PLC0415 (tests/ helpers stay importable without jax set up)
+  import jax.numpy as jnp  # noqa: PLC0415
+  rng = np.random.default_rng(seed)
+  mask = np.arange(length) < rng.integers(0, length + 1, shape)[..., None]
+  rewards = rng.integers(0, 2, shape).astype(np.float32)
+  return mask, rewards, credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32),
+                                        mask=jnp.asarray(mask), rewards=jnp.asarray(rewards))

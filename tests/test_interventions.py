@@ -4,10 +4,11 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import credit
 from envs.scratchpad_addition import ScratchpadAddition
-from groups import grpo_ref
+from groups import grpo_ref, outcome_rollouts
 
 TASK = ScratchpadAddition(num_digits=3)
 
@@ -65,15 +66,12 @@ def test_interventions_replace_the_first_wrong_step_with_the_demonstrations():
     assert list(np.nonzero(loss_mask[i])[0]) == list(range(len(prefix), len(want)))
 
 
-def test_intervention_credit_is_grpo():
-  rng = np.random.default_rng(0)
-  mask = np.arange(4) < rng.integers(0, 5, (2, 3))[..., None]
-  rewards = rng.integers(0, 2, (2, 3)).astype(np.float32)
-  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
-                      rewards=jnp.asarray(rewards))
+@pytest.mark.parametrize('name', ['intervention', 'distil'])
+def test_credit_is_grpo(name):
+  mask, rewards, r = outcome_rollouts(0)
   want = np.where(mask, grpo_ref(rewards)[..., None], 0.0)
-  np.testing.assert_allclose(credit.get('intervention')(r), want, atol=1e-6)
-  np.testing.assert_allclose(credit.get('intervention')(r), credit.get('grpo')(r), atol=1e-6)
+  np.testing.assert_allclose(credit.get(name)(r), want, atol=1e-6)
+  np.testing.assert_allclose(credit.get(name)(r), credit.get('grpo')(r), atol=1e-6)
 
 
 def test_the_phase_runs_before_rl_and_counts_its_tokens(tmp_path):
@@ -94,18 +92,9 @@ def test_the_phase_runs_before_rl_and_counts_its_tokens(tmp_path):
   np.testing.assert_allclose(rows[1]['generated_tokens_total'],
                              phase_tokens + rows[1]['generated_tokens'], rtol=1e-6)
   cfg.task.name, cfg.task.kwargs = 'addition', {'num_digits': 3}  # no step verifier
-  import pytest
   with pytest.raises(ValueError, match='single-step interventions'):
     loop.train(cfg, str(tmp_path / 'add'), init_params(cfg), method='intervention:iid',
                progress=False)
-
-
-def test_distil_credit_is_grpo():
-  rng = np.random.default_rng(1)
-  mask = np.arange(4) < rng.integers(0, 5, (2, 3))[..., None]
-  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
-                      rewards=jnp.asarray(rng.integers(0, 2, (2, 3)).astype(np.float32)))
-  np.testing.assert_allclose(credit.get('distil')(r), credit.get('grpo')(r), atol=1e-6)
 
 
 def test_distil_imitates_after_each_update_and_resumes_exactly(tmp_path):

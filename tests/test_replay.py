@@ -11,6 +11,7 @@ import pytest
 import credit
 from experiments.rollouts.sampling import Samples
 from experiments.training import loop, replay
+from groups import outcome_rollouts
 from tests.test_loop import quick_cfg, strip
 
 B, G, L, N = 4, 3, 5, 6
@@ -186,11 +187,7 @@ def test_replay_family_script_runs_quick(tmp_path):
 
 
 def test_rwft_weights_every_token_by_its_reward():
-  rng = np.random.default_rng(2)
-  mask = np.arange(5) < rng.integers(0, 6, (2, 3))[..., None]
-  rewards = rng.integers(0, 2, (2, 3)).astype(np.float32)
-  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
-                      rewards=jnp.asarray(rewards))
+  mask, rewards, r = outcome_rollouts(2, length=5)
   for b in (0.0, 0.25):
     want = np.where(mask, (rewards - b)[..., None], 0.0)
     np.testing.assert_allclose(credit.get('rwft')(r, baseline=b), want, atol=1e-7)
