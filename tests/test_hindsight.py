@@ -219,9 +219,8 @@ def test_nan_in_the_hindsight_pass_is_not_hidden():
 
 
 def test_hinted_demonstrations_carry_the_answer_on_a_fraction_of_prompts():
-  from experiments.training.loop import _hinted_batch
   n = 64
-  wide, plen, responses, mask = (np.asarray(x) for x in _hinted_batch(
+  wide, plen, responses, mask = (np.asarray(x) for x in hindsight.hinted_demonstrations(
       jax.random.key(5), task=TASK, n=n, frac=0.5))
   prompts, info = TASK.sample(jax.random.split(jax.random.key(5))[0], n)
   demo, dmask = TASK.demonstrations(prompts, info)
@@ -356,8 +355,9 @@ def test_self_hindsight_pass_puts_the_modal_answer_after_the_prompt():
   gp = jnp.repeat(prompts[:, None], 3, 1)
   ginfo = jax.tree.map(lambda x: jnp.repeat(x[:, None], 3, 1), info)
   ends = TASK.step_ends(gp, tokens, mask, ginfo) & mask
-  got = loop.self_hindsight_logprobs(params, prompts, None, tokens, mask, ends, cfg=cfg,
-                                     pad_id=TASK.pad_id)
+  mode_prompts, mode_plen = hindsight.modal_answer_prompts(prompts, None, tokens, mask, ends,
+                                                          pad_id=TASK.pad_id)
+  got = loop.rows_logprobs(params, mode_prompts, tokens, mask, mode_plen, None, cfg=cfg)
   hint, n = hindsight.answer_hint(TASK, prompts, info)  # the demonstration's answer
   wide, plen = hindsight.with_hint(prompts, None, hint, n, TASK.pad_id)
   want = loop.rows_logprobs(params, wide, tokens, mask, plen, None, cfg=cfg)

@@ -1,6 +1,9 @@
 """The hindsight context of `credit.Rollouts.hindsight_logprobs` (PBSD #164, HCAPO #9): the
 prompt followed by the task's gold answer, so one teacher-forced pass scores the responses
-under a privileged, answer-conditioned teacher (the same policy, the answer in context).
+under a privileged, answer-conditioned teacher (the same policy, the answer in context); for
+SIOP (#75) each group's modal answer instead (`modal_answer_prompts`). `hinted_demonstrations`:
+a warm start's demonstrations with the answer after some of their prompts
+(`sft.hindsight_frac`).
 
 The answer is the task's demonstration after its `reasoning_steps` step ends, without its
 EOS (scratch_add: the sum's digits; countdown_steps: the expression). Prompts are [B, P]
@@ -13,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+import credit
 from experiments.training.probes import probe_cuts
 
 
@@ -51,3 +55,24 @@ def hindsight_prompts(prompts, prompt_len, info, *, task):
   """The answer-conditioned prompts of a JAX chain-of-thought task: (prompts, lengths)."""
   hint, n = answer_hint(task, prompts, info)
   return with_hint(prompts, prompt_len, hint, n, task.pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=('pad_id',))
+def modal_answer_prompts(prompts, prompt_len, tokens, mask, step_ends, *, pad_id: int):
+  """(prompts, prompt_len) with each group's most frequent final answer after its prompt
+  (`credit.hindsight.modal_answer`; none in a group without answers): SIOP's pass."""
+  answer, length, _ = credit.hindsight.modal_answer(tokens, mask, step_ends)
+  return with_hint(prompts, prompt_len, jnp.where(answer < 0, pad_id, answer), length, pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=('task', 'n', 'frac'))
+def hinted_demonstrations(key, *, task, n: int, frac: float):
+  """(prompts [n, P + R], prompt_len [n], responses [n, R], mask): `n` demonstrations, each
+  prompt followed by its answer with probability `frac`."""
+  k1, k2 = jax.random.split(key)
+  prompts, info = task.sample(k1, n)
+  responses, mask = task.demonstrations(prompts, info)
+  hint, hint_len = answer_hint(task, prompts, info)
+  hint_len = jnp.where(jax.random.uniform(k2, (n,)) < frac, hint_len, 0)
+  wide, plen = with_hint(prompts, None, hint, hint_len, task.pad_id)
+  return wide, plen, responses, mask

@@ -10,6 +10,7 @@ starts from the phase's params with a fresh optimizer; the KL reference stays th
 The phase's sampled tokens are counted in the run's generated tokens.
 """
 
+import functools
 import time
 
 import jax
@@ -19,11 +20,15 @@ import numpy as np
 from experiments.training import train_step as ts
 
 
-@jax.jit
-def _rows(prompts, samples_tokens, samples_mask):
-  b, g, l = samples_tokens.shape
-  return jnp.repeat(prompts, g, 0), samples_tokens.reshape(b * g, l), samples_mask.reshape(
-      b * g, l)
+@functools.partial(jax.jit, static_argnames=('task',))
+def rows(prompts, tokens, mask, info, *, task):
+  """InT's rows of B·G responses [B, G, L] to prompts [B, P]: (prompts [N, P], tokens
+  [N, L], loss_mask [N, L], ok [N]) from the task's `interventions`."""
+  b, g, l = tokens.shape
+  rep = lambda x: jnp.repeat(x, g, 0)
+  out, loss_mask, ok = task.interventions(rep(prompts), tokens.reshape(b * g, l),
+                                          mask.reshape(b * g, l), jax.tree.map(rep, info))
+  return rep(prompts), out, loss_mask, ok
 
 
 def phase(params, problem, sample_fn, key, *, steps: int, batch: int, lr: float):
@@ -35,7 +40,7 @@ def phase(params, problem, sample_fn, key, *, steps: int, batch: int, lr: float)
                      'single-step interventions (`interventions`: scratch_add)')
   t0 = time.perf_counter()
   state = ts.init_state(jax.tree.map(jnp.copy, params), ts.make_optimizer(lr), seed=0)
-  rows, generated, loss = 0, 0.0, float('nan')
+  n_rows, generated, loss = 0, 0.0, float('nan')
   for j in range(steps):
     draw = problem.draw(jax.random.fold_in(key, 2 * j), -1 - j, batch)
     samples = sample_fn(state.params, jax.random.fold_in(key, 2 * j + 1), draw)
@@ -45,7 +50,7 @@ def phase(params, problem, sample_fn, key, *, steps: int, batch: int, lr: float)
     if n == 0:  # nothing to fix in this batch: no step (Adam would still move)
       continue
     state, m = ts.sft_step_jit(state, prompts, tokens, loss_mask, cfg=problem.pcfg)
-    rows, loss = rows + n, float(m['loss'])
-  return state.params, dict(intervention_rows=rows, intervention_loss=loss,
+    n_rows, loss = n_rows + n, float(m['loss'])
+  return state.params, dict(intervention_rows=n_rows, intervention_loss=loss,
                             intervention_generated_tokens=generated,
                             intervention_s=time.perf_counter() - t0)

@@ -452,19 +452,6 @@ def _roll_prompts(prompts, prompt_len):
           None if prompt_len is None else jnp.roll(prompt_len, -1, axis=0))
 
 
-def self_hindsight_logprobs(params, prompts, prompt_len, tokens, mask, step_ends, *, cfg,
-                           pad_id: int, chunks: int = 1):
-  """`Rollouts.hindsight_logprobs` [B, G, L] with each group's modal final answer
-  (`credit.hindsight.modal_answer`) after its prompt instead of the gold one (SIOP)."""
-  answer, length, _ = _modal_answer(tokens, mask, step_ends)
-  wide, plen = hindsight_lib.with_hint(prompts, prompt_len, jnp.where(answer < 0, pad_id, answer),
-                                       length, pad_id)
-  return rows_logprobs(params, wide, tokens, mask, plen, None, cfg=cfg, chunks=chunks)
-
-
-_modal_answer = jax.jit(credit.hindsight.modal_answer)
-
-
 def packing_applies(cfg, num_groups: int, num_devices: int = 1) -> bool:
   """Whether the update step packs each group's tree (`cfg.train.packing` != 'none').
 
@@ -569,26 +556,6 @@ def _demo_batch(key, *, task, n):
   return prompts, responses, mask
 
 
-@functools.partial(jax.jit, static_argnames=('task', 'n', 'frac'))
-def _hinted_batch(key, *, task, n, frac):
-  k1, k2 = jax.random.split(key)
-  prompts, info = task.sample(k1, n)
-  responses, mask = task.demonstrations(prompts, info)
-  hint, hint_len = hindsight_lib.answer_hint(task, prompts, info)
-  hint_len = jnp.where(jax.random.uniform(k2, (n,)) < frac, hint_len, 0)
-  wide, plen = hindsight_lib.with_hint(prompts, None, hint, hint_len, task.pad_id)
-  return wide, plen, responses, mask
-
-
-@functools.partial(jax.jit, static_argnames=('task',))
-def _intervention_rows(prompts, tokens, mask, info, *, task):
-  b, g, l = tokens.shape
-  rep = lambda x: jnp.repeat(x, g, 0)
-  out, loss_mask, ok = task.interventions(rep(prompts), tokens.reshape(b * g, l),
-                                          mask.reshape(b * g, l), jax.tree.map(rep, info))
-  return rep(prompts), out, loss_mask, ok
-
-
 class JaxProblem:
   """A JAX task (envs.registry) for the loop: prompts and rewards computed in jit.
 
@@ -643,7 +610,7 @@ class JaxProblem:
     if not hasattr(self.task, 'reasoning_steps'):
       raise ValueError(f'sft.hindsight_frac needs a chain-of-thought task with '
                        f'`reasoning_steps`; {type(self.task).__name__} has none')
-    return _hinted_batch(key, task=self.task, n=n, frac=frac)
+    return hindsight_lib.hinted_demonstrations(key, task=self.task, n=n, frac=frac)
 
   def interventions(self, draw, samples):
     """InT's rows (prompts [N, P], tokens [N, L], loss_mask [N, L], ok [N]) of the N = B·G
@@ -651,8 +618,8 @@ class JaxProblem:
     if not hasattr(self.task, 'interventions'):
       raise ValueError(f'InT needs single-step interventions, which '
                        f'{type(self.task).__name__} does not build (scratch_add does)')
-    return _intervention_rows(draw.prompts, samples.tokens, samples.mask, draw.handle,
-                              task=self.task)
+    return interventions_lib.rows(draw.prompts, samples.tokens, samples.mask, draw.handle,
+                                  task=self.task)
 
   def evaluate(self, params, ecfg) -> dict:
     return evaluate(params, self.pcfg, self.task, ecfg)
@@ -1274,9 +1241,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         probe_s = dict(probe_s=time.perf_counter() - tp)
       if need_self_hindsight:  # SIOP: the hindsight pass with each group's modal answer
         tp = time.perf_counter()
-        extra['hindsight_logprobs'] = self_hindsight_logprobs(
-            state.params, prompts, plen, samples.tokens, samples.mask, process[1],
-            cfg=pcfg, pad_id=problem.pad_id, chunks=lp_chunks)
+        mode_prompts, mode_plen = hindsight_lib.modal_answer_prompts(
+            prompts, plen, samples.tokens, samples.mask, process[1], pad_id=problem.pad_id)
+        extra['hindsight_logprobs'] = rows_logprobs(
+            state.params, mode_prompts, samples.tokens, samples.mask, mode_plen, None,
+            cfg=pcfg, chunks=lp_chunks)
         probe_s = dict(probe_s=time.perf_counter() - tp)
       turns = (problem.turns(state.params, draw, samples, credit.needs(cfg.credit.name))
                if hasattr(problem, 'turns') else None)
