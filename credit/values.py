@@ -174,9 +174,29 @@ def pum(rollouts: Rollouts, coef: float = 0.5, scale_by_std: bool = True, eps: f
   probe). U is scale-free (ranked, not regressed), hence the normalisation. coef = 0 is
   GRPO. Returns float32 [..., G, L].
   """
+  return _outcome_plus_value_gains(rollouts, "pum", coef, scale_by_std, eps)
+
+
+@register("prorag", needs=("values", "step_ends"))
+def prorag(rollouts: Rollouts, coef: float = 0.5, scale_by_std: bool = True,
+           eps: float = 1e-6):
+  """ProRAG (#176): a process reward model built from tree search, then dual-granularity
+  (step and outcome) advantages. Reading: the PRM is the critic regressing the prefix-tree
+  values of each step's sampled groups (`critic.targets = 'tree'`, squared error: the
+  success rate through each prefix, our trees in place of MCTS), a step's process reward
+  its value gain V(after step j) − V(before it), and the advantage GRPO's outcome term plus
+  coef × the gains normalised over the group's reasoning steps (the same combination as
+  `pum`, whose model is ranked instead of regressed). PRM-guided refinement of the rollouts
+  is not built. coef = 0 is GRPO. Returns float32 [..., G, L].
+  """
+  return _outcome_plus_value_gains(rollouts, "prorag", coef, scale_by_std, eps)
+
+
+def _outcome_plus_value_gains(rollouts: Rollouts, who: str, coef, scale_by_std, eps):
+  """GRPO + coef · group-normalised value gain over each reasoning step (PUM, ProRAG)."""
   if rollouts.values is None or rollouts.step_ends is None:
-    raise ValueError("pum needs rollouts.values (a prefix utility model: critic.targets = "
-                     "'tree', critic.loss = 'rank') and rollouts.step_ends.")
+    raise ValueError(f"{who} needs rollouts.values (a value model of prefixes: the critic with "
+                     f"critic.targets = 'tree') and rollouts.step_ends.")
   closed, ends = reasoning_steps(rollouts)
   is_end = ends & closed
   v = jnp.asarray(rollouts.values, jnp.float32)

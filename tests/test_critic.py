@@ -370,7 +370,7 @@ def ref_pum(rewards, mask, ends, values, coef):
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 2**31 - 1))
-def test_pum_matches_reference(seed):
+def test_pum_and_prorag_match_reference(seed):
   rng = np.random.default_rng(seed)
   mask = np.arange(7) < rng.integers(0, 8, (2, 3))[..., None]
   ends = (rng.random((2, 3, 7)) < 0.35) & mask
@@ -379,9 +379,10 @@ def test_pum_matches_reference(seed):
   r = credit.Rollouts(tokens=jnp.zeros((2, 3, 7), jnp.int32), mask=jnp.asarray(mask),
                       rewards=jnp.asarray(rewards), values=jnp.asarray(values),
                       step_ends=jnp.asarray(ends))
-  np.testing.assert_allclose(credit.get('pum')(r, coef=0.5),
-                             ref_pum(rewards, mask, ends, values, 0.5), atol=1e-4, rtol=1e-4)
-  np.testing.assert_allclose(credit.get('pum')(r, coef=0.0), credit.get('grpo')(r), atol=1e-6)
+  for name in ('pum', 'prorag'):  # one formula, two models (ranked / regressed)
+    np.testing.assert_allclose(credit.get(name)(r, coef=0.5),
+                               ref_pum(rewards, mask, ends, values, 0.5), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(credit.get(name)(r, coef=0.0), credit.get('grpo')(r), atol=1e-6)
 
 
 def test_critic_warmup_steps_leave_the_policy_alone(tmp_path):
