@@ -59,7 +59,7 @@ def test_hindsight_pass_equals_teacher_forcing_after_prompt_and_answer():
   cfg = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
                              num_heads=2, d_ff=32, max_len=TASK.prompt_len + 2 * TASK.response_len)
   params = decoder.init_params(jax.random.PRNGKey(0), cfg)
-  b, g, l = 2, 2, TASK.response_len
+  b, g = 2, 2
   prompts, info = TASK.sample(jax.random.key(1), b)
   demo, dmask = TASK.demonstrations(prompts, info)
   tokens = jnp.stack([demo, jnp.roll(demo, 1, 0)], 1)

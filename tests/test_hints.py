@@ -13,7 +13,6 @@ import credit
 from envs.scratchpad_addition import ScratchpadAddition
 from experiments.models import decoder
 from experiments.training import hints, loop
-from groups import grpo_ref
 
 TASK = ScratchpadAddition(num_digits=3)
 CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1, num_heads=2,

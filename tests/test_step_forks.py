@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import credit
 from envs.scratchpad_addition import ScratchpadAddition
@@ -42,7 +41,7 @@ def test_sampler_forks_where_the_search_says_and_copies_the_chain():
                                      num_steps=TASK.reasoning_steps, eos_id=TASK.eos_id,
                                      pad_id=TASK.pad_id)
   assert s.tokens.shape[1] == step_forks.group_size(n, r, c)
-  tokens, mask = np.asarray(s.tokens), np.asarray(s.mask)
+  tokens = np.asarray(s.tokens)
   parent, fork = np.asarray(s.parent), np.asarray(s.fork)
   assert np.all(parent[:, :n] == -1) and np.all(fork[:, :n] == 0)
   cuts, ok = (np.asarray(x) for x in probe_cuts(ends_fn(s.tokens[:, :n], s.mask[:, :n]),
