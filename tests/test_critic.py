@@ -286,8 +286,8 @@ def test_advantage_targets_go_with_the_advantage_model_only():
 
 
 @pytest.mark.parametrize('method,variant', [
-    pytest.param('advantage_model', 'advantage', marks=pytest.mark.slow),  # ~30 s
-    ('pum', 'pum')])
+    pytest.param('advantage_model', 'advantage', marks=pytest.mark.slow),  # ~30 s each
+    pytest.param('pum', 'pum', marks=pytest.mark.slow)])  # (the rank loss: a quick unit test)
 def test_quick_learned_model_runs_train_their_model(tmp_path, method, variant):
   from configs import ppo
   from experiments.training import loop

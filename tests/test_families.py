@@ -11,12 +11,14 @@ from configs import tempo as tempo_config
 from experiments.training import compare, loop
 
 # Variants that add a method to another family's script run slow-marked (their loop paths
-# have quick tests of their own: test_interventions, test_replay, test_milestones).
+# have quick tests of their own: test_interventions, test_replay, test_milestones,
+# test_step_forks).
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
             'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'hints:adhint',
-            'tree_search', 'tree_search:steps',
+            'tree_search',
             *(pytest.param(f, marks=pytest.mark.slow)
-              for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline')))
+              for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline',
+                        'tree_search:steps')))
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:

@@ -148,7 +148,7 @@ def _rollouts(tokens, mask, ends, rewards, lp, hs):
                          step_ends=jnp.asarray(ends), hindsight_logprobs=jnp.asarray(hs))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(step_groups(), st.sampled_from([0.5, 2.0]))
 def test_pbsd_matches_reference(data, beta):
   tokens, mask, ends, rewards, lp, hs = data
@@ -157,7 +157,7 @@ def test_pbsd_matches_reference(data, beta):
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(step_groups())
 def test_hcapo_matches_reference(data):
   tokens, mask, ends, rewards, lp, hs = data
@@ -236,6 +236,7 @@ def test_hinted_demonstrations_carry_the_answer_on_a_fraction_of_prompts():
     assert np.all(wide[i, plen[i]:] == TASK.pad_id)
 
 
+@pytest.mark.slow  # ~15 s: a warm start (the hinted batch itself has a quick test)
 def test_hinted_warm_start_trains_and_has_its_own_fingerprint(tmp_path):
   from configs import hindsight as hindsight_config
   from configs import tempo as tempo_config
@@ -297,7 +298,7 @@ def answer_groups(draw):
   return tokens, mask, ends, rewards, lp, hs
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(answer_groups())
 def test_modal_answer_matches_reference(data):
   tokens, mask, ends = data[:3]
@@ -313,7 +314,7 @@ def test_modal_answer_matches_reference(data):
     assert list(agree[b]) == [a is not None and a == mode for a in answers]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(answer_groups(), st.booleans())
 def test_siop_matches_reference(data, broadcast):
   tokens, mask, ends, rewards, lp, hs = data

@@ -74,7 +74,8 @@ def test_credit_is_grpo(name):
   np.testing.assert_allclose(credit.get(name)(r), credit.get('grpo')(r), atol=1e-6)
 
 
-def test_the_phase_runs_before_rl_and_counts_its_tokens(tmp_path):
+@pytest.mark.slow  # ~25 s: two loop runs (the rows are tested quickly above; DistIL's loop
+def test_the_phase_runs_before_rl_and_counts_its_tokens(tmp_path):  # path below is quick)
   from experiments.training import loop
   from tests.test_loop import init_params, quick_cfg
   cfg = quick_cfg(default_task=True)

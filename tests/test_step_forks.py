@@ -83,7 +83,7 @@ def ref_elpo(tokens, mask, rewards):
   return out
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(groups(sizes=(1, 3, 6), lengths=(5,), batch=(2,)))
 def test_elpo_matches_reference(group):
   tokens, mask, rewards = group
