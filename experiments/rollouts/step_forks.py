@@ -5,9 +5,8 @@ as functions. Children come after their sources, parent = the source's index in 
 fork = the boundary's position, so the samples are a tree (`trees.from_forks`).
 
 'tree_bisect', a binary-search rollout tree (ELPO, #39: locate each failed chain's first
-irrecoverable step): N i.i.d. chains, then R rounds. In each round every chain forks C continuations at one of
-its reasoning-step boundaries (boundary j: the position after its j-th step end, j = 0 the
-start; only boundaries inside its reasoning, `probe_cuts`), chosen by a binary search over
+irrecoverable step): N i.i.d. chains, then R rounds. In each round every chain forks C
+continuations at one of its boundaries, chosen by a binary search over
 [lo, hi] that starts at lo = −1 (the prompt: recoverable), hi = S_n + 1 (the end):
 mid = clip(⌊(lo + hi) / 2⌋, 0, S_n). If one of the C continuations succeeds (reward ≥
 `success`), the boundary is recoverable and lo = mid, else hi = mid. After R rounds the
@@ -71,18 +70,12 @@ def sample_bisect(params, cfg, key, prompts, num_chains: int, num_rounds: int,
   cuts, ok = _boundaries(ends_fn(chains.tokens, chains.mask), chains.mask, num_steps)
   last = jnp.sum(ok, -1) - 1  # S_n: the last boundary inside the chain's reasoning
   lo, hi = jnp.full((b, n), -1, jnp.int32), last + 1
-  rows = _chain_rows(b, n, c)
   out = chains
   for r in range(num_rounds):
     mid = bisect_mid(lo, hi, last)
     pos = jnp.take_along_axis(cuts, mid[..., None], -1)[..., 0]  # [B, N]
-    ids = n + r * n * c + np.arange(n * c, dtype=np.int32)
-    u = sampling._uniforms_jit(key, prompt_ids, ids, length=l)
-    kids = sampling._fork(state, rows, jnp.repeat(pos, c, axis=1).reshape(-1),
-                          u.reshape(b * n * c, l), pad_id=pad_id)
-    kids = sampling._decode(params, kids, l, knobs, cfg=cfg, eos_id=eos_id)
-    parent = jnp.broadcast_to(jnp.repeat(jnp.arange(n, dtype=jnp.int32), c), (b, n * c))
-    ks = sampling.to_samples(kids, b, parent, jnp.repeat(pos, c, axis=1))
+    _, ks = _fork_round(params, cfg, key, prompt_ids, state, pos, n + r * n * c, c, knobs,
+                        eos_id, pad_id)
     won = jnp.any(reward_fn(ks.tokens, ks.mask).reshape(b, n, c) >= success, -1)
     lo, hi = bisect_update(lo, hi, mid, won)
     out = sampling._concat(out, ks)
@@ -94,9 +87,21 @@ def _boundaries(ends, mask, num_steps):
   return probe_cuts(ends, mask, num_steps)
 
 
-def _chain_rows(b: int, n: int, c: int):
-  """Source rows of the children: each chain's row (prompt-major), C times in a row."""
-  return jnp.asarray(np.repeat(np.arange(b * n, dtype=np.int32), c))
+def _fork_round(params, cfg, key, prompt_ids, state, pos, first_id: int, c: int, knobs,
+                eos_id, pad_id):
+  """C continuations of each of the B·n rows of `state` from its position `pos` [B, n],
+  decoded to the end with the uniform streams first_id, first_id + 1, ...: (their Rollout,
+  their `Samples` [B, n·C, L] with parent = the source row's index, fork = pos)."""
+  b, n = pos.shape
+  l = state.tokens.shape[1]
+  u = sampling._uniforms_jit(key, prompt_ids, first_id + np.arange(n * c, dtype=np.int32),
+                             length=l)
+  rows = jnp.asarray(np.repeat(np.arange(b * n, dtype=np.int32), c))  # prompt-major sources
+  kids = sampling._fork(state, rows, jnp.repeat(pos, c, axis=1).reshape(-1),
+                        u.reshape(b * n * c, l), pad_id=pad_id)
+  kids = sampling._decode(params, kids, l, knobs, cfg=cfg, eos_id=eos_id)
+  parent = jnp.broadcast_to(jnp.repeat(jnp.arange(n, dtype=jnp.int32), c), (b, n * c))
+  return kids, sampling.to_samples(kids, b, parent, jnp.repeat(pos, c, axis=1))
 
 
 def _rows_of(state, b: int):
@@ -137,14 +142,9 @@ def sample_step_tree(params, cfg, key, prompts, num_chains: int, num_levels: int
     n = out.tokens.shape[1]
     cuts, ok = _boundaries(ends_fn(out.tokens, out.mask), out.mask, num_steps)
     pos = jnp.where(ok[..., level], cuts[..., level], 0)  # [B, n]
-    ids = n + np.arange(n * c, dtype=np.int32)
-    u = sampling._uniforms_jit(key, prompt_ids, ids, length=l)
-    kids = sampling._fork(state, _chain_rows(b, n, c), jnp.repeat(pos, c, axis=1).reshape(-1),
-                          u.reshape(b * n * c, l), pad_id=pad_id)
-    kids = sampling._decode(params, kids, l, knobs, cfg=cfg, eos_id=eos_id)
-    parent = jnp.broadcast_to(jnp.repeat(jnp.arange(n, dtype=jnp.int32), c), (b, n * c))
-    out = sampling._concat(out, sampling.to_samples(kids, b, parent,
-                                                    jnp.repeat(pos, c, axis=1)))
+    kids, ks = _fork_round(params, cfg, key, prompt_ids, state, pos, n, c, knobs, eos_id,
+                           pad_id)
+    out = sampling._concat(out, ks)
     if level < num_levels:
       state = _concat_rows(state, kids, b)
   return out
