@@ -9,7 +9,11 @@ seeds, matched generated tokens (replayed responses are not counted as generated
 NLL on rollouts of the frozen warm start, `sampler.lag` = the run's steps) vs GRPO on fresh
 prompts, `configs.tempo.family`'s budget.
 
-    python -m experiments.replay [--config=configs/replay.py:offline]
+`:knapsack`: Knapsack RL's budget allocation (#59, `grpo:knapsack`: each step's 64 × 8
+rollouts shared out by the prompts' pass rates at their last visit, 2 to 16 a prompt) vs
+GRPO with i.i.d. groups of 8 on the same 256-prompt pools, as the default variant.
+
+    python -m experiments.replay [--config=configs/replay.py:offline|knapsack]
 """
 
 from configs import tempo
@@ -20,8 +24,12 @@ def get_config(arg: str = ''):
     c = tempo.family('rwft:lagged:rgra')
     c.sampler.lag = c.rl.steps
     return c
+  if arg == 'knapsack':
+    c = tempo.family('grpo:knapsack')
+    c.rl.prompt_pool = 256
+    return c
   if arg:
-    raise ValueError(f'configs/replay.py:{arg}: valid variants are "" and offline')
+    raise ValueError(f'configs/replay.py:{arg}: valid variants are "", offline and knapsack')
   c = tempo.family('r3:iid,avatar:iid,grpo:lagged')
   c.rl.prompt_pool = 256
   return c

@@ -24,9 +24,10 @@ import ml_collections
 # responses, the first hint_rows after a prefix of the reference, experiments/training/hints.py;
 # 'tree_bisect': chains and rounds of forks at binary-searched step boundaries; 'tree_steps':
 # every response forked at its l-th step boundary, level by level; experiments/rollouts/
-# step_forks.py).
+# step_forks.py; 'knapsack': B·G i.i.d. responses shared out by the prompts' pass rates,
+# groups of varying size, experiments/rollouts/knapsack.py).
 SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged',
-            'hinted', 'tree_bisect', 'tree_steps')
+            'hinted', 'tree_bisect', 'tree_steps', 'knapsack')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -48,7 +49,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.sampler = ml_collections.ConfigDict(dict(
       name='iid',            # one of SAMPLERS
-      group_size=8,          # G for 'iid' and 'lagged'
+      group_size=8,          # G for 'iid' and 'lagged'; 'knapsack': the mean, B·G rollouts a step
+      min_group=2, max_group=16,  # knapsack (#59): each prompt's rollouts in [min, max]
       lag=4,                 # lagged (off-policy GRPO, #63): refresh the sampling policy every lag steps
       hint_rows=8, hint_schedule='staged',  # hinted (#62 'staged', #94 'difficulty')
       temperature=1.0, top_p=1.0, top_k=0,

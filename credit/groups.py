@@ -3,21 +3,33 @@
 import jax.numpy as jnp
 
 
-def group_stats(rewards):
+def group_stats(rewards, rows=None):
   """Mean and Bessel-corrected std over the group axis. [..., G] -> ([..., 1], [..., 1]).
 
-  A group of one gets mean 0 and std 1, so GRPO passes its reward through.
+  A group of one gets mean 0 and std 1, so GRPO passes its reward through. `rows` (bool
+  [..., G], `Rollouts.row_mask`): the statistics of each group's True rows only, a group
+  of n rows as a group of size n (one row: mean 0, std 1).
   """
   g = rewards.shape[-1]
-  if g == 1:
-    return jnp.zeros_like(rewards), jnp.ones_like(rewards)
-  return (jnp.mean(rewards, axis=-1, keepdims=True),
-          jnp.std(rewards, axis=-1, ddof=1, keepdims=True))
+  if rows is None:
+    if g == 1:
+      return jnp.zeros_like(rewards), jnp.ones_like(rewards)
+    return (jnp.mean(rewards, axis=-1, keepdims=True),
+            jnp.std(rewards, axis=-1, ddof=1, keepdims=True))
+  n = jnp.sum(rows, axis=-1, keepdims=True)
+  mean = jnp.sum(jnp.where(rows, rewards, 0.0), -1, keepdims=True) / jnp.maximum(n, 1)
+  var = (jnp.sum(jnp.where(rows, (rewards - mean) ** 2, 0.0), -1, keepdims=True)
+         / jnp.maximum(n - 1, 1))
+  several = n > 1
+  return jnp.where(several, mean, 0.0), jnp.where(several, jnp.sqrt(var), 1.0)
 
 
-def all_equal(rewards):
-  """bool [..., 1]: every reward in the group is the same (exactly)."""
-  return jnp.max(rewards, axis=-1, keepdims=True) == jnp.min(rewards, axis=-1, keepdims=True)
+def all_equal(rewards, rows=None):
+  """bool [..., 1]: every reward in the group (of its True `rows`) is the same (exactly)."""
+  if rows is None:
+    return jnp.max(rewards, axis=-1, keepdims=True) == jnp.min(rewards, axis=-1, keepdims=True)
+  return (jnp.max(jnp.where(rows, rewards, -jnp.inf), axis=-1, keepdims=True)
+          <= jnp.min(jnp.where(rows, rewards, jnp.inf), axis=-1, keepdims=True))
 
 
 def to_tokens(per_response, mask):
@@ -52,20 +64,26 @@ def whiten_nonzero(x, mask, eps=1e-8):
   return masked_whiten(x, mask, eps)
 
 
-def loo_mean(x):
-  """mean_{j≠i} x_j over the group axis [..., G] (0 for a group of one)."""
-  g = x.shape[-1]
-  if g == 1:
-    return jnp.zeros_like(x)
-  return (jnp.sum(x, axis=-1, keepdims=True) - x) / (g - 1)
+def loo_mean(x, rows=None):
+  """mean_{j≠i} x_j over the group axis [..., G] (0 for a group of one); over the True
+  `rows` only when given."""
+  if rows is None:
+    g = x.shape[-1]
+    if g == 1:
+      return jnp.zeros_like(x)
+    return (jnp.sum(x, axis=-1, keepdims=True) - x) / (g - 1)
+  n = jnp.sum(rows, axis=-1, keepdims=True)
+  total = jnp.sum(jnp.where(rows, x, 0.0), axis=-1, keepdims=True)
+  return jnp.where(n > 1, (total - x) / jnp.maximum(n - 1, 1), 0.0)
 
 
-def loo_centred(rewards):
-  """R_i − mean_{j≠i} R_j over the group axis [..., G]; exactly 0 for a group of
-  one and for a group whose rewards are all equal."""
-  if rewards.shape[-1] == 1:
+def loo_centred(rewards, rows=None):
+  """R_i − mean_{j≠i} R_j over the group axis [..., G] (its True `rows` when given);
+  exactly 0 for a group of one and for a group whose rewards are all equal."""
+  if rows is None and rewards.shape[-1] == 1:
     return jnp.zeros_like(rewards)
-  return jnp.where(all_equal(rewards), 0.0, rewards - loo_mean(rewards))
+  single = jnp.sum(rows, -1, keepdims=True) <= 1 if rows is not None else False
+  return jnp.where(all_equal(rewards, rows) | single, 0.0, rewards - loo_mean(rewards, rows))
 
 
 def rounding_tolerance(rewards, rel: float = 1e-5):

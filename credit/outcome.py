@@ -9,39 +9,45 @@ from credit.registry import register
 from credit.rollouts import Rollouts
 
 
-@register("grpo")
-@register("dr_grpo", scale_by_std=False)
+@register("grpo", rows=True)
+@register("dr_grpo", rows=True, scale_by_std=False)
 def grpo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
   """GRPO (Shao et al. 2024, eq. 3): A_i = (R_i − μ)/(σ + ε), σ Bessel-corrected.
 
   `scale_by_std=False` is Dr. GRPO (Liu et al. 2025): A_i = R_i − μ. A group of
-  one gets μ = 0, σ = 1; a group whose rewards are all equal gets exactly 0.
-  Returns float32 [..., G, L], 0 on masked tokens.
+  one gets μ = 0, σ = 1; a group whose rewards are all equal gets exactly 0. With a
+  `row_mask` each group's statistics are over its rows (groups of varying size). Returns float32 [..., G, L], 0 on masked tokens.
   """
-  return to_tokens(grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps),
-                   rollouts.mask)
+  return to_tokens(grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps,
+                                     rows=rollouts.row_mask), rollouts.mask)
 
 
-def grpo_per_response(rewards, scale_by_std: bool = True, eps: float = 1e-6):
+def grpo_per_response(rewards, scale_by_std: bool = True, eps: float = 1e-6, rows=None):
   """`grpo` before it is broadcast to tokens, float32 [..., G]: estimators that reweight it
-  use this, so weights of 1 give `grpo` bit for bit."""
+  use this, so weights of 1 give `grpo` bit for bit. `rows`: `Rollouts.row_mask` (0 on the
+  padded rows)."""
   rewards = jnp.asarray(rewards, jnp.float32)
-  mean, std = group_stats(rewards)
+  mean, std = group_stats(rewards, rows)
   adv = rewards - mean
   if scale_by_std:
     adv = adv / (std + eps)
+  if rows is not None:
+    several = jnp.sum(rows, -1, keepdims=True) > 1
+    return jnp.where(rows & ~(several & all_equal(rewards, rows)), adv, 0.0)
   if rewards.shape[-1] > 1:
     adv = jnp.where(all_equal(rewards), 0.0, adv)
   return adv
 
 
-@register("rloo")
+@register("rloo", rows=True)
 def rloo(rollouts: Rollouts):
   """RLOO (Ahmadian et al. 2024, eq. 5): A_i = R_i − mean_{j≠i} R_j = G/(G−1)·(R_i − μ).
 
-  A group of one gets 0. Returns float32 [..., G, L], 0 on masked tokens.
+  A group of one gets 0 (with a `row_mask`: G = the group's rows). Returns float32
+  [..., G, L], 0 on masked tokens.
   """
-  return to_tokens(loo_centred(jnp.asarray(rollouts.rewards, jnp.float32)), rollouts.mask)
+  return to_tokens(loo_centred(jnp.asarray(rollouts.rewards, jnp.float32),
+                               rollouts.row_mask), rollouts.mask)
 
 
 @register("reinforce_pp_baseline")

@@ -13,6 +13,10 @@ one signature and reads the state before this batch from `rollouts.credit_state`
 calls `update` after the advantages, carries the state in its checkpointed loop state, so a
 resumed run is exact.
 
+Rollouts with a `row_mask` (groups of varying size padded to G) go only to estimators
+registered with `rows=True`, whose group statistics skip the padded rows; any other raises
+a ValueError naming it, and every estimator's advantages are 0 on padded rows.
+
 Rollouts with a `policy_mask` (multi-turn trajectories: observations are context,
 actions are trained) get advantages 0 off it from every registered estimator, and
 `loss_mask` keeps only its tokens; the estimators themselves see whole trajectories.
@@ -28,12 +32,15 @@ _REGISTRY: dict[str, Callable] = {}
 _NEEDS: dict[str, tuple[str, ...]] = {}
 _LOSS_MASKS: dict[str, Callable] = {}
 _STATES: dict[str, tuple[Callable, Callable]] = {}
+_ROWS: set[str] = set()
 
 
 def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callable] = None,
-             state: Optional[tuple[Callable, Callable]] = None, **defaults):
+             state: Optional[tuple[Callable, Callable]] = None, rows: bool = False,
+             **defaults):
   """Registers an estimator under `name`; `defaults` pre-bind hyperparameters; `state`
-  is `(init, update)` for an estimator that carries state across steps."""
+  is `(init, update)` for an estimator that carries state across steps; `rows` says it
+  honours `Rollouts.row_mask` (groups of varying size)."""
 
   def decorator(fn):
     if name in _REGISTRY:
@@ -41,7 +48,12 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
 
     @functools.wraps(fn)
     def estimator(rollouts, **hparams):
+      if rollouts.row_mask is not None and not rows:
+        raise ValueError(f"credit estimator {name!r} does not support groups of varying size "
+                         f"(Rollouts.row_mask); the ones that do: {', '.join(row_masked())}.")
       adv = fn(rollouts, **{**defaults, **hparams})
+      if rollouts.row_mask is not None:
+        adv = jnp.where(rollouts.row_mask[..., None], adv, 0.0)
       if rollouts.policy_mask is None:
         return adv
       return jnp.where(rollouts.policy_mask, adv, 0.0)
@@ -55,6 +67,8 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
           for p in sig.parameters.values()])
     _REGISTRY[name] = estimator
     _NEEDS[name] = tuple(needs)
+    if rows:
+      _ROWS.add(name)
     if loss_mask is not None:
       _LOSS_MASKS[name] = lambda rollouts, adv, **hp: loss_mask(rollouts, adv,
                                                                 **{**defaults, **hp})
@@ -79,6 +93,11 @@ def get(name: str) -> Callable:
 def names() -> list[str]:
   """The registered estimator names, sorted."""
   return sorted(_REGISTRY)
+
+
+def row_masked() -> list[str]:
+  """The estimators that accept groups of varying size (`Rollouts.row_mask`), sorted."""
+  return sorted(_ROWS)
 
 
 def needs(name: str) -> tuple[str, ...]:

@@ -56,6 +56,10 @@ class Rollouts:
     step_probes: `StepProbes` [..., G, S+1]: teacher-forced probes of the task's gold
       continuation after each prefix of a response's reasoning steps (SPAE, P2S, MIG), or
       None.
+    row_mask: bool [..., G], True on the rows that are responses: groups of varying size
+      padded to G (the 'knapsack' sampler; Knapsack RL, #59). Padded rows have an all-False
+      `mask`. Only estimators registered with `rows=True` accept it (`credit.register`);
+      None means every row.
   """
 
   tokens: jax.Array
@@ -78,6 +82,7 @@ class Rollouts:
   saliency: Optional[jax.Array] = None
   step_probes: Optional["StepProbes"] = None
   hindsight_logprobs: Optional[jax.Array] = None
+  row_mask: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:

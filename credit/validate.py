@@ -37,7 +37,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
   per-token fields (log-probs, token rewards, values, entropy, context and hindsight
   log-probs, saliency) are int or float of the tokens' shape, finite in float32 on unmasked tokens;
   prompt_logprobs is [..., P] real, finite on `prompt_mask` (bool [..., P]; all of P
-  without one); a policy_mask is boolean, of the tokens' shape and inside mask;
+  without one); a policy_mask is boolean, of the tokens' shape and inside mask; a row_mask
+  is boolean [..., G] and False only on rows with no tokens;
   an explicit tree has the tokens' mask; step_probes are [..., G, S+1] (S >= 1), log-probs
   and entropies real and finite where their boolean mask is True; `turns` (multi-turn trajectories) pass
   `credit.validate_turns` against the tokens. Values are checked only when concrete
@@ -85,6 +86,17 @@ def validate(rollouts: Rollouts) -> Rollouts:
         where = tuple(int(i) for i in np.argwhere(stray)[0])
         raise ValueError(f"policy_mask{list(where)} is True on a token outside mask: policy "
                          f"tokens must be part of the trajectory.")
+  if rollouts.row_mask is not None:
+    rows = _array(rollouts.row_mask)
+    if rows.shape != tokens.shape[:-1] or rows.dtype != jnp.bool_:
+      raise ValueError(f"row_mask must be boolean [..., G] = {tokens.shape[:-1]}; got "
+                       f"{rows.dtype} {rows.shape}.")
+    if concrete and _concrete(rows):
+      stray = np.any(np.asarray(mask), -1) & ~np.asarray(rows)
+      if np.any(stray):
+        where = tuple(int(i) for i in np.argwhere(stray)[0])
+        raise ValueError(f"row_mask{list(where)} is False on a row with tokens: a padded row "
+                         f"of a group of varying size must have an all-False mask.")
   tree = rollouts.tree
   if tree is not None:
     if tree.mask.shape != tokens.shape:

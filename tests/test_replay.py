@@ -117,7 +117,7 @@ def run(cfg, path, params, method, steps=None):
   return loop.train(c, str(path), params, method=method)
 
 
-@pytest.mark.parametrize('method', ['r3:iid', 'avatar:iid', 'grpo:lagged'])
+@pytest.mark.parametrize('method', ['r3:iid', 'avatar:iid', 'grpo:lagged', 'grpo:knapsack'])
 def test_resume_restores_the_replay_store_and_the_lagged_policy(warm, tmp_path, method):
   cfg, p0 = warm
   cfg = cfg.copy_and_resolve_references()
@@ -129,6 +129,11 @@ def test_resume_restores_the_replay_store_and_the_lagged_policy(warm, tmp_path, 
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   rows = loop.read_metrics(tmp_path / 'a' / 'metrics.jsonl')
   assert strip(rows) == strip(loop.read_metrics(tmp_path / 'b' / 'metrics.jsonl'))
+  if method == 'grpo:knapsack':  # pass rates (loop state) made the groups' sizes differ
+    train = [r for r in rows if 'reward' in r]
+    assert train[0]['group_size_min'] == train[0]['group_size_max'] == 4  # none seen yet
+    assert any(r['group_size_min'] < r['group_size_max'] for r in train[1:])
+    return
   if method != 'grpo:lagged':  # the store was used, and replayed responses are not "generated"
     train = [r for r in rows if 'reward' in r]
     assert sum(r['replayed_groups'] for r in train) > 0
@@ -145,6 +150,11 @@ def test_lag_one_is_on_policy_grpo_and_a_longer_lag_samples_the_old_policy(warm,
   lag1 = strip(loop.read_metrics(_run_rows(cfg, tmp_path / 'lag1', p0, 'grpo:lagged')))
   same = lambda rows: [{k: v for k, v in r.items() if k != 'method'} for r in rows]
   assert same(lag1) == same(iid)
+  # Knapsack RL's first step: no prompt seen yet, G each, i.i.d. groups row for row.
+  ks = strip(loop.read_metrics(_run_rows(cfg, tmp_path / 'ks', p0, 'grpo:knapsack')))
+  for key in ('reward', 'generated_tokens', 'frac_groups_with_signal', 'response_len'):
+    assert ks[1][key] == iid[1][key], key
+  assert ks[1]['loss'] == pytest.approx(iid[1]['loss'], rel=1e-4, abs=1e-6)
   # lag 3: steps 0-2 sample with the initial policy, step 3 with the policy after 3 updates.
   seen, real = [], loop.sample
   monkeypatch.setattr(loop, 'sample', lambda params, *a, **k: (
@@ -166,6 +176,10 @@ def test_replay_and_lag_refuse_what_they_cannot_do(warm, tmp_path):
     run(no_pool, tmp_path / 'x', p0, 'r3:iid')
   with pytest.raises(ValueError, match="i.i.d. groups"):
     run(cfg, tmp_path / 'y', p0, 'r3:tree_entropy')
+  with pytest.raises(ValueError, match="sampler 'knapsack'.*rl.prompt_pool"):
+    run(no_pool, tmp_path / 'k', p0, 'grpo:knapsack')
+  with pytest.raises(ValueError, match="'tempo' does not support groups of varying size"):  # before any work
+    run(cfg, tmp_path / 'k2', p0, 'tempo:knapsack')
   with pytest.raises(ValueError, match="replay_logprobs"):
     bad = cfg.copy_and_resolve_references()
     bad.credit.hparams = {'replay_logprobs': 'stale'}

@@ -32,6 +32,8 @@ RULES = (
     ('rl.prompts_per_step', '[1, inf)'),
     ('rl.ckpt_every', '[1, inf)'),
     ('sampler.group_size', '[1, inf)'),
+    ('sampler.min_group', '[1, inf)'),
+    ('sampler.max_group', '[1, inf)'),
     ('sampler.temperature', '(0, inf)'),  # 0 is greedy: every rollout of a group the same
     ('sampler.top_p', '(0, 1]'),
     ('sampler.top_k', '[0, inf)'),  # 0: off

@@ -71,6 +71,7 @@ from configs import lm as lm_config
 from configs import tempo as default_config
 from envs import text_tasks
 from experiments.rollouts import agent_rollouts, sampling, text_rollouts
+from experiments.rollouts import knapsack as knapsack_lib
 from experiments.rollouts import step_forks
 from experiments.models import decoder
 from experiments.training import critic as critic_lib
@@ -102,6 +103,7 @@ SAMPLER_FIELDS = {
     'hinted': ('group_size', 'hint_rows', 'hint_schedule'),
     'tree_bisect': ('num_chains', 'num_rounds', 'num_continuations'),
     'tree_steps': ('num_chains', 'num_levels', 'num_continuations'),
+    'knapsack': ('group_size', 'min_group', 'max_group'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
@@ -147,7 +149,7 @@ def check_config(cfg, reference=None, prefix=''):
   if cfg.sampler.name not in SAMPLERS:
     raise ValueError(f'unknown sampler {cfg.sampler.name!r}; valid: {", ".join(SAMPLERS)}')
   agent_samplers = agent_rollouts.SAMPLERS
-  for _, sampler, _ in parse_methods(cfg.methods) + [(None, cfg.sampler.name, '')]:
+  for name, sampler, _ in parse_methods(cfg.methods) + [(cfg.credit.name, cfg.sampler.name, '')]:
     if is_agent(cfg) and sampler not in agent_samplers:
       raise ValueError(f'sampler {sampler!r} does not play multi-turn environments; valid: '
                        f'{", ".join(agent_samplers)}')
@@ -163,6 +165,17 @@ def check_config(cfg, reference=None, prefix=''):
         cfg.task.name, **dict(cfg.task.kwargs)).reasoning_steps:
       raise ValueError(f'sampler.num_levels = {cfg.sampler.num_levels} is more than task '
                        f'{cfg.task.name!r} has reasoning steps to fork at')
+    if sampler == 'knapsack' and name not in credit.row_masked():
+      raise ValueError(f"credit {name!r} does not support groups of varying size (sampler "
+                       f"'knapsack'); the ones that do: {', '.join(credit.row_masked())}")
+    if sampler == 'knapsack' and not (cfg.sampler.min_group <= cfg.sampler.group_size
+                                      <= cfg.sampler.max_group):
+      raise ValueError(f"sampler 'knapsack' needs sampler.min_group <= group_size <= max_group; "
+                       f'got {cfg.sampler.min_group}, {cfg.sampler.group_size}, '
+                       f'{cfg.sampler.max_group}')
+    if sampler == 'knapsack' and cfg.loss.agg != 'token-mean':
+      raise ValueError(f"sampler 'knapsack' pads groups of varying size with empty rows, which "
+                       f"loss.agg {cfg.loss.agg!r} would count as sequences; use 'token-mean'")
     if sampler == 'hinted' and cfg.sampler.hint_schedule not in hints_lib.SCHEDULES:
       raise ValueError(f'unknown sampler.hint_schedule {cfg.sampler.hint_schedule!r}; valid: '
                        f'{", ".join(hints_lib.SCHEDULES)}')
@@ -227,7 +240,8 @@ def loss_config(cfg) -> ts.LossConfig:
 
 
 def group_size(scfg) -> int:
-  if scfg.name in ('iid', 'lagged', 'hinted'):
+  """Rollouts per prompt ('knapsack': the mean; its groups are padded to max_group)."""
+  if scfg.name in ('iid', 'lagged', 'hinted', 'knapsack'):
     return scfg.group_size
   if scfg.name == 'tree_fixed':
     return int(np.prod(scfg.branching))
@@ -294,12 +308,13 @@ def fingerprint(cfg) -> tuple[str, dict]:
 
 
 def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=None,
-           prompt_len=None, info=None, progress: float = 0.0):
+           prompt_len=None, info=None, progress: float = 0.0, group_sizes=None):
   """Samples [B, G, L] from the sampler named in scfg.
 
   `task`: anything with eos_id, pad_id, response_len (a JAX task or a problem). 'hinted'
   also reads the prompts' `info` and the run's `progress` (step / steps), 'tree_bisect'
-  and 'tree_steps' their `info` (the step ends, and the rewards of each round of forks).
+  and 'tree_steps' their `info` (the step ends, and the rewards of each round of forks),
+  'knapsack' the rollouts of each prompt, `group_sizes` [B] (host ints; G each if None).
   """
   if scfg.name == 'hinted':
     return hints_lib.sample_hinted(
@@ -326,6 +341,11 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
         ends_fn=lambda t, m: group_process_rewards(prompts, t, m, info, task=jax_task)[1],
         **kw)
   r = task.response_len
+  if scfg.name == 'knapsack':
+    sizes = (np.full((prompts.shape[0],), scfg.group_size) if group_sizes is None
+             else group_sizes)
+    return knapsack_lib.sample_budgeted(params, pcfg, key, prompts, sizes, scfg.max_group, r,
+                                        **kw)
   if scfg.name in ('iid', 'lagged'):  # lagged: the loop passes the behaviour policy's params
     return sampling.sample_iid(params, pcfg, key, prompts, scfg.group_size, r, **kw)
   if scfg.name == 'tree_fixed':
@@ -501,7 +521,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
   prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None,
-  step_probes=None, hindsight_logprobs=None) -> (advantages, loss mask);
+  step_probes=None, hindsight_logprobs=None, row_mask=None) -> (advantages, loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
   `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
@@ -513,7 +533,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
          prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None,
-         values=None, step_probes=None, hindsight_logprobs=None):
+         values=None, step_probes=None, hindsight_logprobs=None, row_mask=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
@@ -522,7 +542,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
                                prompt_mask=prompt_mask, context_logprobs=context_logprobs,
                                saliency=saliency, credit_state=credit_state, values=values,
                                step_probes=step_probes,
-                               hindsight_logprobs=hindsight_logprobs)
+                               hindsight_logprobs=hindsight_logprobs, row_mask=row_mask)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:
@@ -701,7 +721,8 @@ def _state_tree(state: ts.TrainState, aux=None):
   """The checkpointed tree: the train state, and each non-None `aux` entry (the loop state
   that persists across steps: 'credit_state' a stateful estimator's, 'critic' the learned
   critic's `TrainState`, 'replay' the replay store, 'behaviour' the lagged sampler's
-  params, 'expert_opt' DistIL's SFT optimizer state), saved with the step's."""
+  params, 'expert_opt' DistIL's SFT optimizer state, 'pass_rate' the knapsack sampler's
+  per-prompt pass rates), saved with the step's."""
   tree = _train_tree(state)
   for name, value in (aux or {}).items():
     if value is not None:
@@ -1045,6 +1066,13 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   need_replay, lag = 'replay' in needs, int(scfg.lag) if scfg.name == 'lagged' else 0
   replay_store = _off_policy_setup(cfg, problem, pool, need_replay, run_seed)
   behaviour = replay_lib.copy_params(state.params) if lag else None
+  # Knapsack RL: each pool prompt's pass rate at its last visit (-1: not yet), loop state.
+  knapsack = scfg.name == 'knapsack'
+  if knapsack and (not pool or hasattr(problem, 'sample')):
+    raise ValueError("sampler 'knapsack' allocates each step's rollouts by the prompts' pass "
+                     "rates at their last visit, which needs a single-turn JAX task with "
+                     "prompts that recur: set rl.prompt_pool (e.g. 256)")
+  pass_rate = jnp.full((pool,), -1.0, jnp.float32) if knapsack else None
   replay_kw = dict(success=float(hparams.get('success', 1.0)),
                    two_sided='replay_failures' in needs)
   replay_current = hparams.get('replay_logprobs', 'behaviour') == 'current'
@@ -1059,9 +1087,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   expert_opt = expert_tx.init(state.params) if need_expert else None
   restored, meta, aux = restore_checkpoint(mngr, state, fp, flat, dict(
       credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour,
-      expert_opt=expert_opt))
+      expert_opt=expert_opt, pass_rate=pass_rate))
   credit_state, critic_state = aux['credit_state'], aux['critic']
   replay_store, behaviour, expert_opt = aux['replay'], aux['behaviour'], aux['expert_opt']
+  pass_rate = aux['pass_rate']
   if need_values:
     critic_state = ts.shard_state(critic_state, mesh)
   start, wall0 = 0, 0.0
@@ -1085,8 +1114,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   gen_total += phase_info.get('intervention_generated_tokens', 0.0)  # InT's phase samples
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   b = cfg.rl.prompts_per_step
-  est = credit_fn(cfg.credit.name, hparams_json, scfg.name not in ('iid', 'lagged', 'hinted'),
-                  stateful)
+  est = credit_fn(cfg.credit.name, hparams_json,
+                  scfg.name not in ('iid', 'lagged', 'hinted', 'knapsack'), stateful)
   need_ref = loss_cfg.needs_ref or 'ref_logprobs' in needs  # KL loss/reward, APA's anchor
   need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
   need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
@@ -1134,7 +1163,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   def checkpoint():  # the train, credit and critic states after `step`, together
     save_checkpoint(mngr, step, state, meta_now(), dict(
         credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour,
-        expert_opt=expert_opt))
+        expert_opt=expert_opt, pass_rate=pass_rate))
 
   bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
              initial=start, total=cfg.rl.steps, leave=False)
@@ -1156,14 +1185,21 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if lag and i % lag == 0:  # off-policy GRPO: the behaviour policy catches up
         behaviour = replay_lib.copy_params(state.params)
       sampling_params = behaviour if lag else state.params
+      sizes = (knapsack_lib.allocate(  # Knapsack RL: rollouts per prompt, B·G in all
+          np.asarray(pass_rate)[np.asarray(draw.prompt_ids)], b * scfg.group_size,
+          default=scfg.group_size, min_rows=scfg.min_group, max_rows=scfg.max_group)
+               if knapsack else None)
       if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
         samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw)
       else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
         with jax.set_mesh(mesh) if mesh.size > 1 else contextlib.nullcontext():
           samples = sample(sampling_params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
                            prompts, prompt_ids=draw.prompt_ids, prompt_len=plen,
-                           info=draw.handle, progress=i / cfg.rl.steps)
+                           info=draw.handle, progress=i / cfg.rl.steps, group_sizes=sizes)
       rewards, reward_metrics = problem.rewards(draw, samples)
+      row_mask = getattr(samples, 'row_mask', None)  # groups of varying size (knapsack)
+      if row_mask is not None:
+        rewards = jnp.where(row_mask, rewards, 0.0)
       fresh_rewards, replayed = rewards, None
       if need_replay:  # R3 / AVATAR: a stored response of the prompt into each collapsed group
         samples, rewards, replayed = replay_lib.inject(replay_store, draw.prompt_ids, samples,
@@ -1194,7 +1230,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         old_lp = jnp.where(replayed[..., None], keep, old_lp)
       if tf_entropy and policy_mask is not None:  # the policy's own steps only
         entropy = jnp.where(policy_mask, entropy, 0.0)
-      extra = dict(entropy=entropy)
+      extra = dict(entropy=entropy, row_mask=row_mask)
       if need_prompt_lp:
         extra['prompt_logprobs'] = prompt_logprobs(state.params, prompts, plen, cfg=pcfg)
         extra['prompt_mask'] = prompt_scored(plen, prompts.shape[1], prompts.shape[0])
@@ -1268,6 +1304,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             critic_state, prompts, plen, samples, extra['values'], train_rewards, process[0],
             policy_mask, mesh, pcfg=pcfg, ccfg=ccfg, gamma_lam=critic_gl)
         critic_s += time.perf_counter() - tc
+      next_rate = (knapsack_lib.update_pass_rates(pass_rate, draw.prompt_ids, rewards, row_mask)
+                   if knapsack else None)
       next_store = (replay_lib.update(replay_store, draw.prompt_ids, samples, rewards, replayed,
                                       step=i, **replay_kw) if need_replay else None)
       if need_values and i < ccfg.critic_warmup:  # verl's critic_warmup: the critic alone
@@ -1287,8 +1325,9 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                                   es.opt_state, em['loss'])
       # `state` is now the state after this step (the old one was donated); the credit,
       # critic and replay states after it are committed with it, in one statement.
-      step, credit_state, critic_state, replay_store, expert_opt = (
-          i + 1, next_credit_state if stateful else None, next_critic, next_store, next_expert)
+      step, credit_state, critic_state, replay_store, expert_opt, pass_rate = (
+          i + 1, next_credit_state if stateful else None, next_critic, next_store, next_expert,
+          next_rate)
       m.update(cm)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                      interrupted=True)
@@ -1310,13 +1349,18 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         if replayed is not None:  # replayed responses were generated at an earlier step
           gen -= float(jnp.sum(jnp.where(replayed, samples.lengths, 0)))
           counts = dict(replayed_groups=float(jnp.sum(replayed)))
+        if knapsack:
+          counts = dict(group_size_min=float(sizes.min()), group_size_max=float(sizes.max()))
       gen_total += gen
       r = ts.host_value(rewards)  # all rows, on every process (trained: replayed included)
+      rows = None if row_mask is None else ts.host_value(row_mask)
+      fresh = ts.host_value(fresh_rewards)
       row = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                  generated_tokens=gen, generated_tokens_total=gen_total, **counts,
-                 reward=float(ts.host_value(fresh_rewards).mean()),  # this step's samples
-                 frac_groups_with_signal=float(np.mean(r.max(-1) > r.min(-1))),
-                 response_len=ntok / r.size, **m,
+                 reward=float(fresh.mean() if rows is None  # this step's samples
+                              else fresh[rows].mean()),
+                 frac_groups_with_signal=knapsack_lib.group_signal(r, rows),
+                 response_len=ntok / (r.size if rows is None else rows.sum()), **m,
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,
                  step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),
                  train_tokens_per_s=ntok * loss_cfg.num_epochs / (t4 - t3),
