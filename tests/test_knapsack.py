@@ -132,8 +132,9 @@ def test_pass_rates_and_signal_read_only_the_rows():
   rows = jnp.array([[True, True, False], [True, True, False]])
   new = np.asarray(knapsack.update_pass_rates(rates, jnp.array([3, 0]), rewards, rows))
   np.testing.assert_allclose(new, [1.0, -1, -1, 0.5, -1])
-  assert knapsack.group_signal(rewards, rows) == 0.5      # [1, 0] differs, [1, 1] does not
-  assert knapsack.group_signal(rewards) == 1.0
+  assert knapsack.signal(rewards, rows) == (0.5, 0.5)     # [1, 0] differs, [1, 1] does not
+  assert knapsack.signal(rewards) == (1.0, 1.0)
+  assert knapsack.signal(rewards, jnp.array([[True] * 3, [True, False, False]])) == (0.5, 0.75)
 
 
 def test_uniform_allocation_for_unseen_prompts_spends_exactly_g():

@@ -129,13 +129,13 @@ def update_pass_rates(pass_rate, prompt_ids, rewards, row_mask):
   return pass_rate.at[prompt_ids].set(rate.astype(pass_rate.dtype))
 
 
-def group_signal(rewards, row_mask=None):
-  """float: the fraction of groups whose rows' rewards differ (numpy)."""
+def signal(rewards, row_mask=None):
+  """(fraction of groups, fraction of rollouts) in groups whose rows' rewards differ (the
+  ones with a non-zero GRPO gradient; numpy)."""
   r = np.asarray(rewards)
-  if row_mask is None:
-    return float(np.mean(r.max(-1) > r.min(-1)))
-  m = np.asarray(row_mask)
-  return float(np.mean(np.where(m, r, -np.inf).max(-1) > np.where(m, r, np.inf).min(-1)))
+  m = np.ones(r.shape, bool) if row_mask is None else np.asarray(row_mask)
+  differs = np.where(m, r, -np.inf).max(-1) > np.where(m, r, np.inf).min(-1)
+  return float(np.mean(differs)), float(np.sum(m * differs[..., None]) / np.sum(m))
 
 
 def sample_budgeted(params, cfg, key, prompts, sizes, max_rows: int, max_new_tokens: int, *,

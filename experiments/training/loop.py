@@ -139,12 +139,13 @@ def check_config(cfg, reference=None, prefix=''):
     return
   from experiments.training import config_rules  # the value rules (one table)
   config_rules.check_values(cfg)
+  jax_task = None  # built once: its options are checked here, its steps below
   if is_text(cfg):
     text_tasks.make_text_task(cfg.task.name, **dict(cfg.task.kwargs))
   elif is_agent(cfg):
     envs.get_env(cfg.task.name, **dict(cfg.task.kwargs))
   else:
-    envs.get(cfg.task.name, **dict(cfg.task.kwargs))
+    jax_task = envs.get(cfg.task.name, **dict(cfg.task.kwargs))
   credit.get(cfg.credit.name)
   if cfg.sampler.name not in SAMPLERS:
     raise ValueError(f'unknown sampler {cfg.sampler.name!r}; valid: {", ".join(SAMPLERS)}')
@@ -156,13 +157,12 @@ def check_config(cfg, reference=None, prefix=''):
     if not is_agent(cfg) and sampler == 'tree_turns':
       raise ValueError("sampler 'tree_turns' forks multi-turn episodes; use it with a "
                        "multi-turn environment (configs/agents.py)")
-    if sampler in ('hinted', 'tree_bisect', 'tree_steps') and (is_text(cfg) or not hasattr(
-        envs.get(cfg.task.name, **dict(cfg.task.kwargs)), 'reasoning_steps')):
+    if sampler in ('hinted', 'tree_bisect', 'tree_steps') and not hasattr(
+        jax_task, 'reasoning_steps'):
       raise ValueError(f"sampler {sampler!r} works on the reasoning steps of a JAX "
                        f"chain-of-thought task with `reasoning_steps` (scratch_add, "
                        f"countdown_steps); task {cfg.task.name!r} has none")
-    if sampler == 'tree_steps' and cfg.sampler.num_levels > envs.get(
-        cfg.task.name, **dict(cfg.task.kwargs)).reasoning_steps:
+    if sampler == 'tree_steps' and cfg.sampler.num_levels > jax_task.reasoning_steps:
       raise ValueError(f'sampler.num_levels = {cfg.sampler.num_levels} is more than task '
                        f'{cfg.task.name!r} has reasoning steps to fork at')
     if sampler == 'knapsack' and name not in credit.row_masked():
@@ -325,21 +325,19 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
   kw = dict(temperature=scfg.temperature if temperature is None else temperature,
             top_p=scfg.top_p, top_k=scfg.top_k, eos_id=task.eos_id, pad_id=task.pad_id,
             prompt_ids=prompt_ids, prompt_len=prompt_len)
-  if scfg.name == 'tree_bisect':  # rounds decided by the task's rewards of the last one
+  if scfg.name in ('tree_bisect', 'tree_steps'):  # forks at the task's step boundaries
     jax_task = getattr(task, 'task', task)
-    return step_forks.sample_bisect(
-        params, pcfg, key, prompts, scfg.num_chains, scfg.num_rounds, scfg.num_continuations,
-        task.response_len, num_steps=int(jax_task.reasoning_steps),
-        reward_fn=lambda t, m: group_rewards(prompts, t, m, info, task=jax_task),
-        ends_fn=lambda t, m: group_process_rewards(prompts, t, m, info, task=jax_task)[1],
-        **kw)[0]
-  if scfg.name == 'tree_steps':  # each level forks every response at its next step boundary
-    jax_task = getattr(task, 'task', task)
-    return step_forks.sample_step_tree(
+    steps = dict(num_steps=int(jax_task.reasoning_steps),
+                 ends_fn=lambda t, m: group_process_rewards(prompts, t, m, info, task=jax_task)[1])
+    if scfg.name == 'tree_bisect':  # rounds decided by the task's rewards of the last one
+      return step_forks.sample_bisect(
+          params, pcfg, key, prompts, scfg.num_chains, scfg.num_rounds, scfg.num_continuations,
+          task.response_len, reward_fn=lambda t, m: group_rewards(prompts, t, m, info,
+                                                                  task=jax_task),
+          **steps, **kw)[0]
+    return step_forks.sample_step_tree(  # each level forks every response at its next end
         params, pcfg, key, prompts, scfg.num_chains, scfg.num_levels, scfg.num_continuations,
-        task.response_len, num_steps=int(jax_task.reasoning_steps),
-        ends_fn=lambda t, m: group_process_rewards(prompts, t, m, info, task=jax_task)[1],
-        **kw)
+        task.response_len, **steps, **kw)
   r = task.response_len
   if scfg.name == 'knapsack':
     sizes = (np.full((prompts.shape[0],), scfg.group_size) if group_sizes is None
@@ -1355,11 +1353,12 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       r = ts.host_value(rewards)  # all rows, on every process (trained: replayed included)
       rows = None if row_mask is None else ts.host_value(row_mask)
       fresh = ts.host_value(fresh_rewards)
+      group_signal, row_signal = knapsack_lib.signal(r, rows)
       row = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                  generated_tokens=gen, generated_tokens_total=gen_total, **counts,
                  reward=float(fresh.mean() if rows is None  # this step's samples
                               else fresh[rows].mean()),
-                 frac_groups_with_signal=knapsack_lib.group_signal(r, rows),
+                 frac_groups_with_signal=group_signal, frac_rows_with_signal=row_signal,
                  response_len=ntok / (r.size if rows is None else rows.sum()), **m,
                  sample_s=t1 - t0, logprob_s=t2 - t1, credit_s=t3 - t2, update_s=t4 - t3,
                  step_s=t4 - t0, sampled_tokens_per_s=ntok / (t1 - t0),
