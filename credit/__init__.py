@@ -14,8 +14,7 @@ from credit import (expert_traces, hindsight, milestones, probes, replay, tree_s
                     turn_norm, turn_weighting, values)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
 from credit.registry import (get, init_state, loss_mask, names, needs, register, row_masked,
-                             stateful,
-                             update_state)
+                             stateful, update_state)
 from credit.returns import (discounted_returns, gae_advantages, outcome_token_rewards,
                             reverse_linear_scan, td_lambda_returns)
 from credit.rollouts import Rollouts, StepProbes, tree_of

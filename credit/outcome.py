@@ -16,7 +16,8 @@ def grpo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
 
   `scale_by_std=False` is Dr. GRPO (Liu et al. 2025): A_i = R_i − μ. A group of
   one gets μ = 0, σ = 1; a group whose rewards are all equal gets exactly 0. With a
-  `row_mask` each group's statistics are over its rows (groups of varying size). Returns float32 [..., G, L], 0 on masked tokens.
+  `row_mask` each group's statistics are over its rows (groups of varying size). Returns
+  float32 [..., G, L], 0 on masked tokens.
   """
   return to_tokens(grpo_per_response(rollouts.rewards, scale_by_std=scale_by_std, eps=eps,
                                      rows=rollouts.row_mask), rollouts.mask)

@@ -5,7 +5,6 @@ estimators against the same estimators on each group's rows alone."""
 
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -44,12 +43,12 @@ def test_allocation_is_the_knapsack_optimum(rates, g, bounds):
   n = knapsack.allocate(p, total, default=g, min_rows=lo, max_rows=hi)
   assert n.sum() == total and n.min() >= lo and n.max() <= hi
   seen, live = p >= 0, (p > 0) & (p < 1)
+  hard = seen & (p == 0)
   assert (n[~seen] >= g).all()                           # never seen: G ...
   if (n[~seen] > g).any():                               # ... unless the rest are full
     assert (n[live | hard] == hi).all()
   if (n[p == 1.0] > lo).any():  # always solved: the floor, unless all the others are full
     assert (n[p < 1] == hi).all()
-  hard = seen & (p == 0)
   left = total - g * int((~seen).sum()) - lo * int(seen.sum())
   to_live = int(n[live].sum()) - lo * int(live.sum())
   # The live prompts' rollouts are a best split of what they got (the DP's optimum) ...
@@ -69,6 +68,11 @@ def test_allocation_prefers_uncertain_prompts_and_refuses_impossible_budgets():
   n = knapsack.allocate(p, 32, default=8, min_rows=2, max_rows=16)
   # The information gain p(1 − p)² favours the rarely solved prompt over the rarely failed.
   assert n.sum() == 32 and n[0] == n[3] and n[2] > n[0] > n[1]
+  # What no uncertain or unsolved prompt can take goes to the unseen, then the solved ones.
+  np.testing.assert_array_equal(
+      knapsack.allocate(np.array([-1.0, 1.0]), 8, default=4, min_rows=2, max_rows=6), [6, 2])
+  np.testing.assert_array_equal(
+      knapsack.allocate(np.array([0.0, 1.0]), 8, default=4, min_rows=2, max_rows=5), [5, 3])
   with pytest.raises(ValueError, match='min_rows <= G <= max_rows'):
     knapsack.allocate(p, 32, default=8, min_rows=2, max_rows=4)
 

@@ -291,7 +291,7 @@ def test_process_rewards_reach_pure_through_the_loop(tmp_path):
   """`pure` needs token_rewards + step_ends: the loop computes them from the task's per-step
   verifier (scratch_add), and refuses a task without one with a clear error."""
   cfg = quick_cfg()
-  cfg.rl.steps = 2
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
   cfg.credit.name = 'pure'
   with pytest.raises(ValueError, match='process rewards.*addition'):
     loop.train(cfg, str(tmp_path / 'bad'), init_params(cfg), method='pure:iid')
@@ -323,4 +323,4 @@ def test_process_rewards_reach_pure_through_the_loop(tmp_path):
     assert np.all(np.asarray(adv)[0, 1][np.asarray(mask)[0, 1]][:2] < 0), name
   loop.train(cfg, str(tmp_path / 'ok'), init_params(cfg), method='pure:iid')
   rows = loop.read_metrics(tmp_path / 'ok' / 'metrics.jsonl')
-  assert [r['step'] for r in rows] == [0, 1, 2] and all(np.isfinite(r['loss']) for r in rows[1:])
+  assert [r['step'] for r in rows] == [0, 1] and np.isfinite(rows[1]['loss'])

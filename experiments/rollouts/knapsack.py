@@ -40,19 +40,9 @@ SUCCESS = 1.0  # a rollout with reward >= SUCCESS counts as a success (binary-re
 
 
 @struct.dataclass
-class BudgetedSamples:
+class BudgetedSamples(sampling.Samples):
   """`sampling.Samples` [B, G_max, L] of groups of varying size; `row_mask` [B, G_max]."""
-  tokens: jax.Array
-  logprobs: jax.Array
-  entropy: jax.Array
-  mask: jax.Array
-  parent: jax.Array
-  fork: jax.Array
   row_mask: jax.Array
-
-  @property
-  def lengths(self) -> jax.Array:
-    return self.mask.sum(-1).astype(jnp.int32)
 
 
 def value(n, p):

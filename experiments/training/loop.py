@@ -1183,10 +1183,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       if lag and i % lag == 0:  # off-policy GRPO: the behaviour policy catches up
         behaviour = replay_lib.copy_params(state.params)
       sampling_params = behaviour if lag else state.params
-      sizes = (knapsack_lib.allocate(  # Knapsack RL: rollouts per prompt, B·G in all
-          np.asarray(pass_rate)[np.asarray(draw.prompt_ids)], b * scfg.group_size,
-          default=scfg.group_size, min_rows=scfg.min_group, max_rows=scfg.max_group)
-               if knapsack else None)
+      sizes = None
+      if knapsack:  # Knapsack RL: each prompt's rollouts from its pass rate, B·G in all
+        sizes = knapsack_lib.allocate(
+            np.asarray(pass_rate)[np.asarray(draw.prompt_ids)], b * scfg.group_size,
+            default=scfg.group_size, min_rows=scfg.min_group, max_rows=scfg.max_group)
       if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
         samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw)
       else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
