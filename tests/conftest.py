@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from hypothesis import settings  # noqa: E402
 
-settings.register_profile("default", max_examples=40, deadline=None, derandomize=True)
+settings.register_profile("default", max_examples=25, deadline=None, derandomize=True)
 settings.load_profile("default")
 
 

@@ -140,7 +140,8 @@ def test_packed_logprobs_of_trajectories_equal_flat_rows(house_policy):
   np.testing.assert_allclose(np.where(s.policy_mask, flat, 0.0), s.logprobs, atol=1e-4)
 
 
-@pytest.mark.parametrize('attention', ['paths', 'blocks'])
+# 'paths' (slow): its packed log-probs and gradients equal flat rows in test_block_attention.
+@pytest.mark.parametrize('attention', [pytest.param('paths', marks=pytest.mark.slow), 'blocks'])
 def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy, attention):
   """Issue 21 item 5: forked multi-turn groups (shared turns before the fork, actions
   and observations interleaved, the loss on policy tokens only) through the packed

@@ -12,13 +12,12 @@ from experiments.training import compare, loop
 
 # Variants that add a method to another family's script run slow-marked (their loop paths
 # have quick tests of their own: test_interventions, test_replay, test_milestones,
-# test_step_forks).
+# test_step_forks; ADHint's 'difficulty' hints: test_hints, its sampler: the 'hints' run).
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
-            'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'hints:adhint',
-            'tree_search',
+            'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'tree_search',
             *(pytest.param(f, marks=pytest.mark.slow)
               for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline',
-                        'tree_search:steps')))
+                        'tree_search:steps', 'hints:adhint')))
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:
