@@ -19,7 +19,7 @@ live prompt can take goes to them, then to unseen prompts, last to the solved on
 
 Layout: the R rollouts are decoded as R flat rows (the sampling cost of i.i.d. groups);
 row j of prompt b draws its tokens from the same uniforms as response j of an i.i.d. group
-(`sampling.response_uniforms`), so a uniform allocation of G is i.i.d. sampling token for
+(`sampling.row_uniforms`), so a uniform allocation of G is i.i.d. sampling token for
 token. They are returned padded to [B, max_rows, L] with `row_mask` [B, max_rows] (padded
 rows: no tokens); estimators registered with `rows=True` (grpo, dr_grpo, rloo) take their
 group statistics over each group's rows. Packing (`train.packing`) gives the padded rows no
@@ -141,19 +141,14 @@ def sample_budgeted(params, cfg, key, prompts, sizes, max_rows: int, max_new_tok
   slot = (np.arange(owner.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)).astype(np.int32)
   prompts, prompt_len, prompt_ids, knobs = sampling._inputs(
       cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
-  u = _row_uniforms(key, prompt_ids[owner], jnp.asarray(slot), length=max_new_tokens)
+  u = _row_uniforms(key, prompt_ids[owner], jnp.asarray(slot), length=max_new_tokens)[:, None]
   state = sampling._start(params, prompts[owner], u, prompt_len[owner], cfg=cfg, pad_id=pad_id)
   state = sampling._decode(params, state, max_new_tokens, knobs, cfg=cfg, eos_id=eos_id)
   flat = sampling._to_samples(state, owner.size)                  # [R, 1, L]
   return _pad(flat, jnp.asarray(owner * max_rows + slot), b=b, g=max_rows, pad_id=pad_id)
 
 
-@functools.partial(jax.jit, static_argnames='length')
-def _row_uniforms(key, prompt_ids, slots, length: int):
-  """[R, 1, length]: row r's stream, that of response slots[r] of prompt prompt_ids[r]."""
-  keys = jax.vmap(lambda p, s: jax.random.fold_in(jax.random.fold_in(key, p), s))(
-      prompt_ids, slots)
-  return jax.vmap(lambda k: jax.random.uniform(k, (length,)))(keys)[:, None]
+_row_uniforms = jax.jit(sampling.row_uniforms, static_argnames='length')
 
 
 @functools.partial(jax.jit, static_argnames=('b', 'g', 'pad_id'))

@@ -244,11 +244,16 @@ def response_uniforms(key, prompt_ids, response_ids, length: int):
   prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
   response_ids = jnp.asarray(response_ids, jnp.int32)
   b, n = prompt_ids.shape[0], response_ids.shape[0]
-  prompt_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, prompt_ids)
-  node_keys = jax.vmap(jax.random.fold_in)(  # Flat [B * n] (compiles faster than nested).
-      jnp.repeat(prompt_keys, n, axis=0), jnp.tile(response_ids, b))
-  u = jax.vmap(lambda k: jax.random.uniform(k, (length,)))(node_keys)
-  return u.reshape(b, n, length)
+  u = row_uniforms(key, jnp.repeat(prompt_ids, n), jnp.tile(response_ids, b), length)
+  return u.reshape(b, n, length)  # flat [B * n] first: compiles faster than nested vmaps
+
+
+def row_uniforms(key, prompt_ids, response_ids, length: int):
+  """u [R, length]: row r's stream, that of response response_ids[r] of prompt
+  prompt_ids[r] (`response_uniforms` for arbitrary (prompt, response) pairs)."""
+  keys = jax.vmap(lambda p, j: jax.random.fold_in(jax.random.fold_in(key, p), j))(
+      jnp.asarray(prompt_ids, jnp.int32), jnp.asarray(response_ids, jnp.int32))
+  return jax.vmap(lambda k: jax.random.uniform(k, (length,)))(keys)
 
 
 def start(params, cfg: decoder.PolicyConfig, prompts, uniforms, *, prompt_len=None,
