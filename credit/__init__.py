@@ -10,8 +10,8 @@ from credit import (agents, frpo, outcome, pure, returns, siblings, spo, tempo, 
 from credit import (answer_mask, confidence, context_shift, difficulty,  # noqa: F401
                     entropy_guided, entropy_weighting, implied_values, polarity, saliency)
 # Value-based credit beside tree values (issue 24); milestone and probe credit (issue 23).
-from credit import (expert_traces, hindsight, milestones, probes, replay, tree_search,  # noqa: F401
-                    turn_norm, turn_weighting, values)
+from credit import (expert_traces, hindsight, milestones, probes, replay, tool_credit,  # noqa: F401
+                    tree_search, turn_norm, turn_weighting, values)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
 from credit.registry import (get, init_state, loss_mask, names, needs, register, row_masked,
                              stateful, update_state)

@@ -45,6 +45,13 @@ class Turns:
       trace from the same start (a one-to-one matching of equal actions; MatchTIR), or None.
     info_gains: float32 [..., G, K], how much turn k's feedback changed the next action's
       log-likelihood against a masked-feedback counterfactual (InfoPO), or None.
+    tool_probes: float32 [..., G, K], log p_θ(gold answer | history before turn k+1, with
+      turn k's observation masked): the "without the tool" probe right after turn k, whose
+      "with" is answer_logprobs[..., k+1] (TACO's DAPR), or None. Read on k < n_g − 1.
+    evidence_probes: float32 [..., G, K], log p_θ(gold answer | history before the last
+      taken turn, with turn k's observation masked): the final posterior without the view
+      turn k retrieved, whose "with" is answer_logprobs[..., n_g − 1] (ICA), or None. Read on
+      k < n_g − 1.
   """
 
   state_ids: jax.Array
@@ -58,6 +65,8 @@ class Turns:
   milestones: Optional[jax.Array] = None
   expert_matches: Optional[jax.Array] = None
   info_gains: Optional[jax.Array] = None
+  tool_probes: Optional[jax.Array] = None
+  evidence_probes: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -200,11 +209,12 @@ def check_turn_shapes(turns: Turns):
     if em.shape != turn_mask.shape or em.dtype != jnp.bool_:
       raise ValueError(f"expert_matches must be boolean of turn_mask's shape {turn_mask.shape}; "
                        f"got {em.dtype} {em.shape}.")
-  if turns.info_gains is not None:
-    gains = _array(turns.info_gains)
-    if gains.shape != turn_mask.shape or not jnp.issubdtype(gains.dtype, jnp.floating):
-      raise ValueError(f"info_gains must be floats of turn_mask's shape {turn_mask.shape}; "
-                       f"got {gains.dtype} {gains.shape}.")
+  for name in ("info_gains", "tool_probes", "evidence_probes"):
+    value = getattr(turns, name)
+    if value is not None and (_array(value).shape != turn_mask.shape
+                              or not jnp.issubdtype(_array(value).dtype, jnp.floating)):
+      raise ValueError(f"{name} must be floats of turn_mask's shape {turn_mask.shape}; "
+                       f"got {_array(value).dtype} {_array(value).shape}.")
   if turns.milestones is not None:
     milestones = _array(turns.milestones)
     if milestones.shape != turn_mask.shape or not jnp.issubdtype(milestones.dtype,
@@ -227,7 +237,8 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
   concrete (not under jit, not sharded over hosts): state_ids fit in int32;
   turn_mask a run from turn 0; rewards finite (float32) on taken turns;
   values_star and solver_steps finite and answer_logprobs not NaN or +inf on the states a
-  trajectory visits (`check_state_values`); token_turn in [-1, K) and only
+  trajectory visits (`check_state_values`), tool_probes and evidence_probes not NaN or +inf
+  on the turns a taken turn follows; token_turn in [-1, K) and only
   pointing at taken turns. With `rollouts` (a `credit.Rollouts`, or anything
   with a `mask` [..., G, L]), token_turn must have the tokens' shape and be -1
   on masked tokens. Every turn estimator of `credit.agents` runs it on its
@@ -267,6 +278,17 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
     if np.any(bad):
       raise ValueError(f"info_gains must be finite on taken turns; info_gains"
                        f"{list(_first(bad))} is not.")
+  for name in ("tool_probes", "evidence_probes"):  # read before a later taken turn
+    value = getattr(turns, name)
+    if value is not None and _concrete(value, mask):
+      with np.errstate(over="ignore"):
+        v = np.asarray(value, np.float32)
+      followed = np.asarray(mask, bool) & np.concatenate(
+          [np.asarray(mask, bool)[..., 1:], np.zeros_like(np.asarray(mask, bool)[..., :1])], -1)
+      bad = followed & (np.isnan(v) | (v == np.inf))
+      if np.any(bad):
+        raise ValueError(f"{name} must be log-probabilities (finite or -inf) on turns followed "
+                         f"by a taken turn; {name}{list(_first(bad))} = {v[_first(bad)]}.")
   if turns.milestones is not None and _concrete(turns.milestones, mask):
     if np.any(np.asarray(turns.milestones)[np.asarray(mask, bool)] < 0):
       raise ValueError("milestones must be >= 0 on taken turns (a count of sub-goals).")

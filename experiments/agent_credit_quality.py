@@ -33,7 +33,7 @@ Environments:
            solved flags checked against `env.step`.
 
 Estimators: every `credit.agents.AGENT_ESTIMATORS` entry but igpo (no gold answer
-here) and `credit.turn_norm`'s (MT-GRPO, MAPO for dialogue, MemoPilot) on `Turns` built from the
+here, which also rules out `credit.tool_credit`'s taco_tools and ica) and `credit.turn_norm`'s (MT-GRPO, MAPO for dialogue, MemoPilot) on `Turns` built from the
 rollouts (state ids = `env.state_id`, the turn not included, so states reached at
 different turns are merged although V^π depends on the turn; per-turn rewards; turn
 mask; success = reached the goal / solved), with γ = the benchmark's γ for those that
@@ -85,7 +85,8 @@ from experiments import credit_quality as cq
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# igpo needs a gold answer to probe for, which neither environment here has; beacon needs
+# igpo, taco_tools and ica need a gold answer to probe for, which neither environment here has
+# (nor views that tool calls return: the observation is the state); beacon needs
 # sub-goal milestones, which neither has either (one box: solving is the only milestone).
 # Token-level turn estimators read the policy's exact action log-probs and entropies and,
 # for the critic-based ones, an oracle critic: V^π itself (an upper bound on a learned one).

@@ -232,8 +232,8 @@ class AgentProblem:
 
   def turns(self, params, draw: Draw, samples: AgentSamples, needs=()) -> credit.Turns:
     """The samples' `credit.Turns`, with values_star / solver_steps / milestones /
-    answer_logprobs if in `needs` (the gold answer, `env.answer`, is fixed by the group's
-    start state)."""
+    info_gains / expert_matches / answer_logprobs / tool_probes / evidence_probes if in
+    `needs` (the gold answer, `env.answer`, is fixed by the group's start state)."""
     turns, e = samples.turns, samples.episodes
     if 'values_star' in needs:
       turns = turns.replace(values_star=ags.solver_values(e, self.env, self.gamma))
@@ -254,16 +254,24 @@ class AgentProblem:
       expert = expert.replace(tokens=self.lm_ids(expert.tokens))
       turns = turns.replace(expert_matches=ags.expert_matches(e, expert, self.env,
                                                               self.num_turns))
-    if 'answer_logprobs' in needs:
+    probes = {'answer_logprobs', 'tool_probes', 'evidence_probes'} & set(needs)
+    if probes:  # gold-answer probes (IGPO; TACO and ICA without one turn's observation)
       if not hasattr(self.env, 'answer'):
         raise ValueError(f'environment {self.env.name!r} has no gold answer (env.answer); '
-                         f'IGPO needs one (household, webshop)')
+                         f'the answer probes ({", ".join(sorted(probes))}) need one '
+                         f'(household, webshop)')
       answer, mask = _answers(draw.handle[0], env=self.env)
       answer = self.lm_ids(answer)
       g = e.tokens.shape[1]
       answer, mask = (jnp.repeat(x[:, None], g, 1) for x in (answer, mask))
       turns = turns.replace(answer_logprobs=ags.answer_logprobs(
           params, self.pcfg, self.env, e.tokens, answer, mask, num_turns=self.num_turns))
+      pad = self.lm_ids(jnp.asarray(self.env.pad_id, jnp.int32))
+      for field, at in (('tool_probes', 'next'), ('evidence_probes', 'last')):
+        if field in probes:  # K more teacher-forced passes each
+          turns = turns.replace(**{field: ags.masked_answer_logprobs(
+              params, self.pcfg, self.env, e.tokens, answer, mask, e.turn_mask, pad, at=at,
+              num_turns=self.num_turns)})
     return turns
 
   def evaluate(self, params, ecfg) -> dict:

@@ -635,3 +635,41 @@ def answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answer, ans
   _, out = jax.lax.scan(probe, None, jnp.asarray(action_pos, jnp.int32))
   out = jnp.concatenate([out, out[-1:]], 0).T  # [R, K+1]
   return out.reshape(shape[:-1] + (k + 1,))
+
+
+@functools.partial(jax.jit, static_argnames=("pcfg", "env", "at", "num_turns"))
+def masked_answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answer, answer_mask,
+                           turn_mask, pad, *, at: str, num_turns: Optional[int] = None):
+  """Answer probes without one turn's observation: float32 [..., K]. For turn k, the mean
+  per-token log p_θ(gold answer | context) of `answer_logprobs`, the context being the
+  trajectory with turn k's observation slot replaced by `pad` and cut at the action slot the
+  answer goes into: turn k+1's (at='next', TACO's probe "without the tool" right after the
+  call; its "with" is answer_logprobs[..., k+1]) or the trajectory's last taken turn's
+  (at='last', ICA's final posterior without the view turn k returned; its "with" is
+  answer_logprobs[..., n−1]). One teacher-forced forward per k; 0 where no taken turn
+  follows turn k (k >= n − 1), whose observation no later decision reads.
+  tokens [..., T] (the sampler's layout), answer int32 / answer_mask bool [..., A], turn_mask
+  bool [..., K]."""
+  if at not in ("next", "last"):
+    raise ValueError(f"at must be 'next' or 'last'; got {at!r}.")
+  k = num_turns_of(env, num_turns)
+  action_pos, obs_pos, _ = slot_layout(env, k)
+  shape = tokens.shape
+  flat = tokens.reshape(-1, shape[-1]).astype(jnp.int32)
+  ans = answer.reshape(-1, answer.shape[-1]).astype(jnp.int32)
+  amask = answer_mask.reshape(ans.shape)
+  n = jnp.sum(turn_mask.reshape(-1, k), -1, dtype=jnp.int32)  # [R]
+  apos, opos = jnp.asarray(action_pos, jnp.int32), jnp.asarray(obs_pos, jnp.int32)
+  rows = jnp.arange(flat.shape[0])[:, None]
+
+  def probe(_, i):  # turn i's observation masked; the answer into the chosen slot
+    slot = jnp.full_like(n, i + 1) if at == "next" else n - 1
+    pos = apos[jnp.clip(slot, 0, k - 1)]  # [R, A]
+    x = flat.at[:, opos[i]].set(pad).at[rows, pos].set(ans)
+    lp, _ = decoder.token_logprobs(params, pcfg, x[:, :1], x[:, 1:])
+    lp = jnp.take_along_axis(lp, pos - 1, axis=1)  # [R, A]: log p of each answer token
+    mean = jnp.sum(jnp.where(amask, lp, 0.0), -1) / jnp.maximum(jnp.sum(amask, -1), 1)
+    return None, jnp.where(i < n - 1, mean, 0.0)
+
+  _, out = jax.lax.scan(probe, None, jnp.arange(k))
+  return out.T.reshape(shape[:-1] + (k,))
