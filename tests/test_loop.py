@@ -289,7 +289,8 @@ def test_lr_grid_layout_and_best_of_grid(tmp_path, monkeypatch):
 
 def test_process_rewards_reach_pure_through_the_loop(tmp_path):
   """`pure` needs token_rewards + step_ends: the loop computes them from the task's per-step
-  verifier (scratch_add), and refuses a task without one with a clear error."""
+  verifier (scratch_add), and refuses a task without one with a clear error (its training
+  run: test_pure_trains_through_the_loop, slow)."""
   cfg = quick_cfg()
   cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
   cfg.credit.name = 'pure'
@@ -321,6 +322,16 @@ def test_process_rewards_reach_pure_through_the_loop(tmp_path):
   for name in ('scrl', 'blockwise'):
     adv, _ = loop.credit_fn(name, '{}', False)(*args, tr, ends)
     assert np.all(np.asarray(adv)[0, 1][np.asarray(mask)[0, 1]][:2] < 0), name
+
+
+# The loop's process-reward path also runs in the fast suite through dvao ('token_rewards', the
+# confidence family's quick run) and the step-boundary estimators' family quick runs.
+@pytest.mark.slow
+def test_pure_trains_through_the_loop(tmp_path):
+  cfg = quick_cfg()
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
+  cfg.credit.name = 'pure'
+  cfg.task.name, cfg.task.kwargs = 'scratch_add', {'num_digits': 2}
   loop.train(cfg, str(tmp_path / 'ok'), init_params(cfg), method='pure:iid')
   rows = loop.read_metrics(tmp_path / 'ok' / 'metrics.jsonl')
   assert [r['step'] for r in rows] == [0, 1] and np.isfinite(rows[1]['loss'])
