@@ -25,9 +25,10 @@ import ml_collections
 # 'tree_bisect': chains and rounds of forks at binary-searched step boundaries; 'tree_steps':
 # every response forked at its l-th step boundary, level by level; experiments/rollouts/
 # step_forks.py; 'knapsack': B·G i.i.d. responses shared out by the prompts' pass rates,
-# groups of varying size, experiments/rollouts/knapsack.py).
+# groups of varying size, experiments/rollouts/knapsack.py; 'tree_branching': tree_entropy's
+# layout, forks at APPO's Branching Score, experiments/rollouts/branching.py).
 SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged',
-            'hinted', 'tree_bisect', 'tree_steps', 'knapsack')
+            'hinted', 'tree_bisect', 'tree_steps', 'knapsack', 'tree_branching')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -57,6 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
       branching=(2, 2, 2), segment_len=1,                   # tree_fixed: G = prod(branching)
       num_chains=4, num_forks=1, num_continuations=1,       # tree_entropy: G = N (1 + F C)
       score='entropy',
+      branch_window=8, branch_candidates=0,  # tree_branching (APPO #35): 0 = 4 per fork
       num_rounds=2,                  # tree_bisect: G = N (1 + rounds C)
       num_levels=2,                  # tree_steps: G = N (1 + C)^levels
       cut_threshold=0.9, cut_every=1))  # tree_cutpoints (SPO-chain): same G as tree_entropy

@@ -4,6 +4,7 @@ copied prefixes are not generated).
 
     python -m experiments.tree_search [--config.quick=True]                # ELPO
     python -m experiments.tree_search --config=configs/tree_search.py:steps  # TreePS-RAG
+    python -m experiments.tree_search --config=configs/tree_search.py:appo   # APPO's forks
 
 'tree_bisect' (experiments/rollouts/step_forks.py): 4 chains per prompt, then 2 rounds of one
 continuation per chain at the step boundary a binary search picks (G = 12), so each failed
@@ -12,6 +13,10 @@ only from there on. `grpo:tree_bisect` separates the sampler's effect from the c
 `:steps`: 'tree_steps', 2 chains, each response forked once at its first and then at its
 second step boundary (G = 2 · 2² = 8), `treeps` (step-level Monte Carlo process advantage)
 and `grpo` on that tree.
+`:appo`: APPO's Branching Score (#35, 'tree_branching', experiments/rollouts/branching.py:
+entropy × |likelihood gain of the chain's continuation over the best alternative token|,
+8 highest-entropy positions probed per chain, 4 chains + 1 fork each, G = 8) against the
+same tree forked at the highest-entropy token ('tree_entropy'), GRPO credit on both.
 """
 
 from configs import tempo
@@ -22,8 +27,14 @@ def get_config(arg: str = ''):
     c = tempo.family('grpo:tree_steps,treeps:tree_steps')
     c.sampler.num_chains, c.sampler.num_levels, c.sampler.num_continuations = 2, 2, 1
     return c
+  if arg == 'appo':
+    c = tempo.family('grpo:tree_entropy,grpo:tree_branching')
+    c.sampler.num_chains, c.sampler.num_forks, c.sampler.num_continuations = 4, 1, 1
+    c.sampler.branch_candidates, c.sampler.branch_window = 8, 8
+    return c
   if arg:
-    raise ValueError(f'configs/tree_search.py:{arg}: valid variants are "" (ELPO) and steps')
+    raise ValueError(f'configs/tree_search.py:{arg}: valid variants are "" (ELPO), steps '
+                     f'and appo')
   c = tempo.family('grpo:tree_bisect,elpo:tree_bisect')
   c.sampler.num_chains, c.sampler.num_rounds, c.sampler.num_continuations = 4, 2, 1
   return c

@@ -15,6 +15,7 @@ from experiments.training import compare, loop
 # test_step_forks; ADHint's 'difficulty' hints: test_hints, its sampler: the 'hints' run).
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
             'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'tree_search',
+            'tree_search:appo',
             *(pytest.param(f, marks=pytest.mark.slow)
               for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline',
                         'tree_search:steps', 'hints:adhint')))
@@ -74,7 +75,8 @@ def test_family_quick(family, workdir):
       continue
     if m.endswith(':hinted'):  # its sampler puts hints in (staged: all at the start)
       assert step1['hint_tokens'] > 0 or not m.startswith('grpo'), m
-    elif not m.endswith((':tree_bisect', ':tree_steps')):  # (those: another first batch)
+    elif not m.endswith((':tree_bisect', ':tree_steps', ':tree_entropy', ':tree_branching')):
+      # (those: another first batch)
       # Same start, same seed: the same first batch as GRPO ...
       assert step1['reward'] == base['reward'] and step1['generated_tokens'] == base['generated_tokens'], m
     assert step1['frac_groups_with_signal'] > 0, m

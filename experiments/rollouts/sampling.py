@@ -52,6 +52,7 @@ import numpy as np
 from flax import struct
 
 from experiments.models import decoder
+from experiments.rollouts import branching
 
 
 @struct.dataclass
@@ -641,7 +642,7 @@ def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chain
 
   Samples N = num_chains i.i.d. chains (responses g < N, roots; the same stages
   as `sample_iid`), asks `fork_policy` for K (source, position) pairs per
-  prompt, and samples child k as response g = N + k from `position` to the
+  prompt (a policy with `reads_model` also gets the params and prompts: `with_model`), and samples child k as response g = N + k from `position` to the
   end, reusing the chain's KV cache. Positions are clipped into
   [0, length(source) - 1], so each fork re-samples a token the chain
   generated. G = N + K; parent = source, fork = position for children.
@@ -652,7 +653,11 @@ def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chain
   state = _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_chains, l,
                   eos_id, pad_id)
   chains = _to_samples(state, b)
-  source, position = _apply_policy(fork_policy, chains)
+  if getattr(fork_policy, 'reads_model', False):  # e.g. APPO's counterfactual passes
+    source, position = branching.apply_model_policy(fork_policy, params, cfg, prompts,
+                                                    prompt_len, chains)
+  else:
+    source, position = _apply_policy(fork_policy, chains)
   k = source.shape[1]
   u = _uniforms_jit(key, prompt_ids, num_chains + np.arange(k, dtype=np.int32), length=l)
   children = _fork(state, _children_rows(source, num_chains), position.reshape(-1),

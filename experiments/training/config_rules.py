@@ -46,6 +46,8 @@ RULES = (
     ('sampler.num_continuations', '[1, inf)'),
     ('sampler.cut_threshold', '(0, 1]'),
     ('sampler.cut_every', '[1, inf)'),
+    ('sampler.branch_window', '[1, inf)'),
+    ('sampler.branch_candidates', '[0, inf)'),  # 0: 4 per fork
     ('sampler.fork_turn', '[0, inf)'),
     ('sampler.lag', '[1, inf)'),
     ('sampler.hint_rows', '[0, inf)'),

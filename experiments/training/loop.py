@@ -70,7 +70,7 @@ from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as default_config
 from envs import text_tasks
-from experiments.rollouts import agent_rollouts, sampling, text_rollouts
+from experiments.rollouts import agent_rollouts, branching, sampling, text_rollouts
 from experiments.rollouts import knapsack as knapsack_lib
 from experiments.rollouts import step_forks
 from experiments.models import decoder
@@ -96,6 +96,8 @@ SAMPLER_FIELDS = {
     'iid': ('group_size',),
     'tree_fixed': ('branching', 'segment_len'),
     'tree_entropy': ('num_chains', 'num_forks', 'num_continuations', 'score'),
+    'tree_branching': ('num_chains', 'num_forks', 'num_continuations', 'branch_window',
+                       'branch_candidates'),
     'tree_cutpoints': ('num_chains', 'num_forks', 'num_continuations', 'cut_threshold',
                        'cut_every'),
     'tree_turns': ('num_chains', 'num_continuations', 'fork_turn'),
@@ -353,6 +355,10 @@ def sample(params, pcfg, task, scfg, key, prompts, prompt_ids=None, temperature=
     return sampling.sample_tree_entropy(params, pcfg, key, prompts, scfg.num_chains,
                                         scfg.num_forks, scfg.num_continuations, r,
                                         score=scfg.score, **kw)
+  if scfg.name == 'tree_branching':  # APPO's Branching Score (#35)
+    forks = branching.BranchingForks(scfg.num_forks, scfg.num_continuations,
+                                     scfg.branch_window, scfg.branch_candidates)
+    return sampling.sample_tree_forks(params, pcfg, key, prompts, scfg.num_chains, r, forks, **kw)
   if scfg.name == 'tree_cutpoints':
     forks = sampling.CutpointForks(scfg.num_forks, scfg.num_continuations, scfg.cut_threshold,
                                    scfg.cut_every)
