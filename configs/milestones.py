@@ -3,6 +3,7 @@
     python -m experiments.milestones [--config.quick=True]                 # BEACON on household
     python -m experiments.milestones --config=configs/milestones.py:steps  # SCRL, HRPO: scratch_add
     python -m experiments.milestones --config=configs/milestones.py:long   # BEACON, 3 sub-tasks
+    python -m experiments.milestones --config=configs/milestones.py:hiper  # HiPER on household
 
 Default: BEACON (#28) on household, `configs.agents.paper`'s budget (expert warm start, 30 RL
 steps x 16 start states x G = 8), the loop filling `Turns.milestones` from household's
@@ -10,7 +11,10 @@ sub-goals (holding or placing the object, cleaning it when asked, solving). `:st
 (#76), blockwise advantages with an outcome-conditioned baseline (#50) and HRPO's phase
 advantages (#2) on scratch_add's verifiable steps, `configs.tempo.family`'s budget. `:long`: BEACON on `household_long` (three
 sub-tasks in one episode, 30 turns; the expert needs 12-18), where BEACON's claim is about
-long tasks. 5 seeds each,
+long tasks. `:hiper`: HiPER's hierarchical advantage estimation (#21, `hiper`: GAE within
+milestone segments plus segment-level GAE over aggregated returns on each segment's first
+turn, with the learned critic of configs/ppo.py:household) against GRPO and `ppo_turns` (the
+same critic, flat GAE) on household. 5 seeds each,
 paired intervals against GRPO at matched environment steps / generated tokens.
 """
 
@@ -20,9 +24,14 @@ from configs import agents, tempo
 def get_config(arg: str = ''):
   if arg == 'steps':
     return tempo.family('scrl:iid,blockwise:iid,hrpo:iid')
+  if arg == 'hiper':
+    from configs import ppo
+    c = ppo.get_config('household')
+    c.methods = 'grpo:iid,ppo_turns:iid,hiper:iid'
+    return c
   if arg not in ('', 'long'):
-    raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household), steps '
-                     f'and long')
+    raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household), steps, '
+                     f'long and hiper')
   c = agents.paper('grpo:iid,beacon:iid')
   if arg == 'long':
     c.task.name, c.task.kwargs = 'household_long', {'num_goals': 3, 'max_turns': 30}

@@ -5,7 +5,8 @@ turn achieves for the first time; the loop fills them from the environment, hous
 `milestones`), and is registered, like `credit.agents`' estimators, as a token-level
 estimator reading `rollouts.turns` (`needs=('turns', 'milestones')`). `scrl` normalises the
 verifiable reward of each subproblem (reasoning step) across the group and credits the
-step's own tokens with it; `blockwise` baselines each block's reward within the responses
+step's own tokens with it; `hiper` is hierarchical GAE over milestone segments with the
+critic's turn values (`needs=('turns', 'values', 'milestones')`); `blockwise` baselines each block's reward within the responses
 whose earlier blocks went the same way (`needs=('token_rewards', 'step_ends')` for both,
 e.g. scratch_add).
 """
@@ -16,9 +17,12 @@ import jax
 import jax.numpy as jnp
 
 from credit.agents import _EPS, _check_unit, _grpo, _token_level, _validated, _from_rollouts
+from credit.groups import masked_whiten
 from credit.registry import register
+from credit.returns import reverse_linear_scan
 from credit.rollouts import Rollouts
-from credit.turns import Turns, check_turn_shapes, episode_returns
+from credit.turns import Turns, check_turn_shapes, episode_returns, turn_to_tokens
+from credit.values import _turn_gae
 from trees.step_graph import map_groups
 
 
@@ -85,6 +89,55 @@ def _beacon(key, mask, returns, gamma, omega, eps, scale_by_std):
 
 beacon_tokens = _token_level(beacon)
 register("beacon", needs=("turns", "milestones"))(_from_rollouts("beacon", beacon_tokens))
+
+
+def hierarchical_gae(rewards, values, mask, key, gamma, lam, high_lam, omega):
+  """HiPER's hierarchical advantage estimation over turns [..., G, K] (`hiper`): segments end
+  at key turns (`key`: a milestone reached) and at each trajectory's last taken turn."""
+  m = mask.astype(jnp.float32)
+  r, v = jnp.where(mask, rewards, 0.0), jnp.where(mask, values, 0.0)
+  shift = lambda x, fill: jnp.concatenate([x[..., 1:], jnp.full_like(x[..., :1], fill)], -1)
+  delta = (r + gamma * shift(v, 0.0) - v) * m
+  end = mask & (key | ~shift(mask, False))
+  low = reverse_linear_scan(delta, gamma * lam * m * ~end)  # executor: GAE within a segment
+  seg_return = reverse_linear_scan(delta, gamma * m * ~end)  # R_j + γ^n V(s_next) − V(s_t)
+  start = mask & jnp.concatenate([jnp.ones_like(end[..., :1]), end[..., :-1]], -1)
+  high = reverse_linear_scan(jnp.where(start, seg_return, 0.0),  # planner: GAE over segments
+                             gamma * m * jnp.where(end, high_lam, 1.0))
+  return jnp.where(mask, low + omega * jnp.where(start, high, 0.0), 0.0)
+
+
+@register("hiper", needs=("turns", "values", "milestones"))
+def hiper(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0, high_lam: float = 1.0,
+          omega: float = 1.0, whiten: bool = True, eps: float = 1e-8):
+  """HiPER (#21): hierarchical advantage estimation (HAE) for a plan-execute factorisation.
+  Reading for a flat policy: a subgoal's execution is a segment of turns closed by a turn
+  that reaches a milestone (`turns.milestones` > 0; the last segment closes at the
+  trajectory's end), and the planner's decision is the segment's first turn. With V(s_k) the
+  critic's turn values (as `ppo_turns`) and δ_k = r_k + γ·V(s_{k+1}) − V(s_k):
+  executor A^L_k = GAE(γ, λ) of the δ within k's segment (the trace cut at its end, which
+  still bootstraps from V(s_end+1)); planner, on segment j's first turn s_j, the segment-level
+  GAE over aggregated returns, δ^H_j = Σ_{k∈j} γ^{k−s_j} r_k + γ^{n_j}·V(s_{j+1}) − V(s_j),
+  A^H_j = δ^H_j + γ^{n_j}·λ_H·A^H_{j+1}. A_k = A^L_k + ω·A^H_j on s_j, A^L_k elsewhere;
+  whitened over the batch's taken turns (`whiten`) and spread over each turn's action tokens.
+  Readings (the abstract does not give HAE's equations): one critic for both levels, ω = 1,
+  λ = λ_H = 1. Reductions (tested): ω = 0 without milestones is `ppo_turns`; the planner term
+  against a plain-Python segment loop. Returns float32 [..., G, L], 0 off the action tokens.
+  """
+  _check_unit("gamma", gamma)
+  _check_unit("lam", lam)
+  _check_unit("high_lam", high_lam)
+  milestones = rollouts.turns.milestones if rollouts.turns is not None else None
+  if milestones is None:
+    raise ValueError("hiper needs rollouts.turns.milestones (the sub-goals each turn reaches "
+                     "first: household).")
+  _, v, token_turn, mask = _turn_gae(rollouts, "hiper", gamma, lam)
+  adv = hierarchical_gae(jnp.asarray(rollouts.turns.rewards, jnp.float32), v, mask,
+                         jnp.asarray(milestones) > 0, jnp.float32(gamma), jnp.float32(lam),
+                         jnp.float32(high_lam), jnp.float32(omega))
+  if whiten:
+    adv = masked_whiten(adv, mask, eps)
+  return jnp.where(token_turn >= 0, turn_to_tokens(adv, token_turn), 0.0)
 
 
 @register("scrl", needs=("token_rewards", "step_ends"))

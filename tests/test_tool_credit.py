@@ -169,6 +169,7 @@ def test_tool_credit_family_script_runs_quick(tmp_path):
   from experiments.training import compare, loop
   cfg = agents_config.shrink(tool_config.get_config(), tool_config.get_config())
   cfg.progress = False
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1  # one update each
   summary = compare.run_experiment(cfg, str(tmp_path))
   assert sorted(summary['methods']) == ['grpo:iid', 'ica:iid', 'taco_tools:iid']
   train = {m: [r for r in loop.read_metrics(tmp_path / m.replace(':', '_') / 'seed0' /

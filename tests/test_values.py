@@ -160,3 +160,46 @@ def test_bilevel_gae_matches_a_loop_reference():
   toks = [t for t in range(l) if tt[i][t] == k]
   np.testing.assert_allclose(one[i, toks], one[i, toks[-1]] + values[i, toks[-1]]
                              - values[i, toks], atol=1e-5)
+
+
+def test_hiper_matches_a_segment_loop_and_reduces_to_ppo_turns():
+  """HiPER's HAE (credit.milestones.hiper) against a loop over explicit milestone segments;
+  ω = 0 without milestones is ppo_turns."""
+  rng = np.random.default_rng(2)
+  for seed in range(4):
+    r = agent_rollouts_with_values(seed, rng)
+    g, l = r.mask.shape
+    tm = np.asarray(r.turns.turn_mask)
+    key = (rng.random(tm.shape) < 0.35) & tm
+    r = r.replace(turns=r.turns.replace(milestones=key.astype(np.int32)))
+    gamma, lam, high_lam, omega = 0.9, 0.7, 0.6, 0.5
+    got = np.asarray(credit.get("hiper")(r, gamma=gamma, lam=lam, high_lam=high_lam,
+                                         omega=omega))
+    tt, rw = np.asarray(r.turns.token_turn), np.asarray(r.turns.rewards)
+    raw = {}
+    for i in range(g):
+      n = int(tm[i].sum())
+      v = [float(r.values[i][list(tt[i]).index(k)]) for k in range(n)] + [0.0]
+      ends = [k for k in range(n) if key[i, k] or k == n - 1]
+      segs = [(e0 + 1 if j else 0, e) for j, (e0, e) in enumerate(zip([-1] + ends, ends))]
+      high = 0.0
+      for s, e in reversed(segs):
+        ret = sum(gamma ** (k - s) * rw[i][k] for k in range(s, e + 1))
+        high = ret + gamma ** (e - s + 1) * v[e + 1] - v[s] + gamma ** (e - s + 1) * high_lam * high
+        acc = 0.0
+        for k in reversed(range(s, e + 1)):
+          acc = rw[i][k] + gamma * v[k + 1] - v[k] + gamma * lam * acc
+          raw[i, k] = acc + (omega * high if k == s else 0.0)
+    xs = np.array(list(raw.values()))
+    for i in range(g):
+      for t in range(l):
+        k = tt[i][t]
+        want = 0.0 if k < 0 else (raw[i, k] - xs.mean()) / (xs.std() + 1e-8)
+        assert got[i, t] == pytest.approx(want, abs=1e-4), (seed, i, t)
+    none = r.replace(turns=r.turns.replace(milestones=np.zeros_like(key, np.int32)))
+    np.testing.assert_allclose(np.asarray(credit.get("hiper")(none, gamma=gamma, lam=lam,
+                                                             omega=0.0)),
+                               np.asarray(credit.get("ppo_turns")(r, gamma=gamma, lam=lam)),
+                               atol=1e-5)
+  with pytest.raises(ValueError, match="milestones"):
+    credit.get("hiper")(r.replace(turns=r.turns.replace(milestones=None)))
