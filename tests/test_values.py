@@ -94,13 +94,22 @@ def agent_rollouts_with_values(seed, rng):
                        0.0).astype(np.float32)))
 
 
+def check_whitened_on_tokens(got, raw, token_turn, seed):
+  """got [G, L] is raw[(i, k)] (turn advantages) whitened over all turns, on turn k's tokens."""
+  xs = np.array(list(raw.values()))
+  for i, t in np.ndindex(got.shape):
+    k = token_turn[i][t]
+    want = 0.0 if k < 0 else (raw[i, k] - xs.mean()) / (xs.std() + 1e-8)
+    assert got[i, t] == pytest.approx(want, abs=1e-4), (seed, i, t)
+
+
 def test_ppo_turns_matches_a_loop_reference():
   """GAE over turns from the critic's value before each turn's first action token, whitened
   over the batch's taken turns, spread over the action tokens."""
   rng = np.random.default_rng(0)
   for seed in range(5):
     r = agent_rollouts_with_values(seed, rng)
-    g, l = r.mask.shape
+    g = r.mask.shape[0]
     values = r.values
     gamma, lam = 0.9, 0.8
     got = np.asarray(credit.get("ppo_turns")(r, gamma=gamma, lam=lam))
@@ -114,12 +123,7 @@ def test_ppo_turns_matches_a_loop_reference():
         delta = rw[i][k] + gamma * v[k + 1] - v[k]
         acc = delta + gamma * lam * acc
         raw[i, k] = acc
-    xs = np.array(list(raw.values()))
-    for i in range(g):
-      for t in range(l):
-        k = tt[i][t]
-        want = 0.0 if k < 0 else (raw[i, k] - xs.mean()) / (xs.std() + 1e-8)
-        assert got[i, t] == pytest.approx(want, abs=1e-4), (seed, i, t)
+    check_whitened_on_tokens(got, raw, tt, seed)
   with pytest.raises(ValueError, match="values"):
     credit.get("ppo_turns")(r.replace(values=None))
 
@@ -168,7 +172,7 @@ def test_hiper_matches_a_segment_loop_and_reduces_to_ppo_turns():
   rng = np.random.default_rng(2)
   for seed in range(4):
     r = agent_rollouts_with_values(seed, rng)
-    g, l = r.mask.shape
+    g = r.mask.shape[0]
     tm = np.asarray(r.turns.turn_mask)
     key = (rng.random(tm.shape) < 0.35) & tm
     r = r.replace(turns=r.turns.replace(milestones=key.astype(np.int32)))
@@ -190,12 +194,7 @@ def test_hiper_matches_a_segment_loop_and_reduces_to_ppo_turns():
         for k in reversed(range(s, e + 1)):
           acc = rw[i][k] + gamma * v[k + 1] - v[k] + gamma * lam * acc
           raw[i, k] = acc + (omega * high if k == s else 0.0)
-    xs = np.array(list(raw.values()))
-    for i in range(g):
-      for t in range(l):
-        k = tt[i][t]
-        want = 0.0 if k < 0 else (raw[i, k] - xs.mean()) / (xs.std() + 1e-8)
-        assert got[i, t] == pytest.approx(want, abs=1e-4), (seed, i, t)
+    check_whitened_on_tokens(got, raw, tt, seed)
     none = r.replace(turns=r.turns.replace(milestones=np.zeros_like(key, np.int32)))
     np.testing.assert_allclose(np.asarray(credit.get("hiper")(none, gamma=gamma, lam=lam,
                                                              omega=0.0)),

@@ -607,6 +607,21 @@ def solver_steps(episodes: Episodes, env) -> jax.Array:
   return jnp.where(k == last[..., None], fixed[..., None], n)
 
 
+def _flat_answers(tokens, answer, answer_mask):
+  """(tokens [R, T], answer int32 [R, A], answer_mask [R, A]): the leading dims flattened."""
+  ans = answer.reshape(-1, answer.shape[-1]).astype(jnp.int32)
+  return (tokens.reshape(-1, tokens.shape[-1]).astype(jnp.int32), ans,
+          answer_mask.reshape(ans.shape))
+
+
+def _answer_score(params, pcfg, x, pos, amask):
+  """float32 [R]: the mean log p of the answer tokens at positions pos [R, A] of x [R, T]
+  (one teacher-forced forward), over amask."""
+  lp, _ = decoder.token_logprobs(params, pcfg, x[:, :1], x[:, 1:])
+  lp = jnp.take_along_axis(lp, pos - 1, axis=1)  # [R, A]: log p of each answer token
+  return jnp.sum(jnp.where(amask, lp, 0.0), -1) / jnp.maximum(jnp.sum(amask, -1), 1)
+
+
 @functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_turns"))
 def answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answer, answer_mask, *,
                     num_turns: Optional[int] = None):
@@ -622,15 +637,11 @@ def answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answer, ans
   k = num_turns_of(env, num_turns)
   action_pos, _, _ = slot_layout(env, k)
   shape = tokens.shape
-  flat = tokens.reshape(-1, shape[-1]).astype(jnp.int32)
-  ans = answer.reshape(-1, answer.shape[-1]).astype(jnp.int32)
-  amask = answer_mask.reshape(ans.shape)
+  flat, ans, amask = _flat_answers(tokens, answer, answer_mask)
 
   def probe(_, pos):  # pos [A]: the action slot the answer goes into
     x = flat.at[:, pos].set(ans)
-    lp, _ = decoder.token_logprobs(params, pcfg, x[:, :1], x[:, 1:])
-    lp = jnp.take(lp, pos - 1, axis=1)  # [R, A]: log p of each answer token
-    return None, jnp.sum(jnp.where(amask, lp, 0.0), -1) / jnp.maximum(jnp.sum(amask, -1), 1)
+    return None, _answer_score(params, pcfg, x, jnp.broadcast_to(pos, ans.shape), amask)
 
   _, out = jax.lax.scan(probe, None, jnp.asarray(action_pos, jnp.int32))
   out = jnp.concatenate([out, out[-1:]], 0).T  # [R, K+1]
@@ -655,9 +666,7 @@ def masked_answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answ
   k = num_turns_of(env, num_turns)
   action_pos, obs_pos, _ = slot_layout(env, k)
   shape = tokens.shape
-  flat = tokens.reshape(-1, shape[-1]).astype(jnp.int32)
-  ans = answer.reshape(-1, answer.shape[-1]).astype(jnp.int32)
-  amask = answer_mask.reshape(ans.shape)
+  flat, ans, amask = _flat_answers(tokens, answer, answer_mask)
   n = jnp.sum(turn_mask.reshape(-1, k), -1, dtype=jnp.int32)  # [R]
   apos, opos = jnp.asarray(action_pos, jnp.int32), jnp.asarray(obs_pos, jnp.int32)
   rows = jnp.arange(flat.shape[0])[:, None]
@@ -666,10 +675,7 @@ def masked_answer_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, answ
     slot = jnp.full_like(n, i + 1) if at == "next" else n - 1
     pos = apos[jnp.clip(slot, 0, k - 1)]  # [R, A]
     x = flat.at[:, opos[i]].set(pad).at[rows, pos].set(ans)
-    lp, _ = decoder.token_logprobs(params, pcfg, x[:, :1], x[:, 1:])
-    lp = jnp.take_along_axis(lp, pos - 1, axis=1)  # [R, A]: log p of each answer token
-    mean = jnp.sum(jnp.where(amask, lp, 0.0), -1) / jnp.maximum(jnp.sum(amask, -1), 1)
-    return None, jnp.where(i < n - 1, mean, 0.0)
+    return None, jnp.where(i < n - 1, _answer_score(params, pcfg, x, pos, amask), 0.0)
 
   _, out = jax.lax.scan(probe, None, jnp.arange(k))
   return out.T.reshape(shape[:-1] + (k,))
