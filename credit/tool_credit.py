@@ -1,7 +1,7 @@
 """Tool-call and evidence credit for agents (issue 23's counterfactual family): TACO (#134, tool
-credit) and ICA (#155). Both ask the policy for the gold answer with and without one turn's
+credit) and ICA (#155) ask the policy for the gold answer with and without one turn's
 observation (the view a tool call, search or click, returned) and credit the turn with the
-difference.
+difference; PiCA (#187) shapes turns by the same probes' potential, anchored at pivot states.
 
 A trajectory's last taken turn is its answer (webshop: `buy`); every earlier taken turn is a
 call whose observation a later decision reads. The probes are the loop's teacher-forced passes
@@ -13,10 +13,12 @@ expected answer reward. Both are registered, like `credit.agents`' estimators, a
 token-level estimators reading `rollouts.turns`.
 """
 
+import jax
 import jax.numpy as jnp
 
-from credit.agents import (_EPS, _bucket_norm, _from_rollouts, _group_index, _grpo, _token_level,
-                           _validated)
+from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
+                           _token_level, _validated)
+from credit.expert_traces import _outcome_and_turn_terms
 from credit.registry import register
 from credit.turns import Turns, episode_returns
 from trees.step_graph import map_groups
@@ -109,8 +111,49 @@ def ica(turns: Turns, beta: float = 1.0, scale_by_std: bool = True, evidence_pro
   return jnp.where(mask, a + beta * jnp.where(calls, c_hat, 0.0), 0.0)
 
 
-TOOL_CREDIT_ESTIMATORS = {"taco_tools": taco_tools, "ica": ica}
+@_validated
+def pica(turns: Turns, beta: float = 1.0, gamma: float = 1.0, scale_by_std: bool = True,
+         eps: float = _EPS):
+  """PiCA (#187): pivot-anchored potential-based step rewards for search agents.
+
+  Potential Φ(h_j) = p(gold answer | history before turn j) (`turns.answer_logprobs`, IGPO's
+  probes: the policy's own context, no template). Pivots, the "golden sub-queries and
+  sub-answers derived from historical trajectories": states (`turns.state_ids`) that a
+  successful trajectory of the same group reached (webshop: the right results page, the
+  target's page, the goal size chosen). The potential moves only there: Φ̃_0 = Φ_0,
+  Φ̃_{k+1} = Φ_{k+1} if call k reaches a pivot state, else Φ̃_k, and call k's shaping reward
+  is r_k = Φ̃_{k+1} − Φ̃_k (PBRS with γ = 1: a trajectory's rewards telescope to the potential
+  at its last pivot less Φ_0); the answer turn gets none. A_{i,k} = A_i + β·r̂_{i,k}: GRPO of the
+  return plus the discounted return of r normalised over the group's taken turns (as
+  InfoPO's and MatchTIR's turn terms). Readings (the abstract is vague): pivots are exact
+  states reached by a success, the potential the answer's geometric-mean token probability,
+  β = 1. Outcome reduction (tested): a group without a success, or β = 0, is GRPO on every
+  turn. Returns float32 [..., G, K], 0 off taken turns.
+  """
+  _check_unit("gamma", gamma)
+  if turns.success is None:
+    raise ValueError("pica needs turns.success (pivots are the states successes reached).")
+  mask = jnp.asarray(turns.turn_mask, bool)
+  k = mask.shape[-1]
+  p = _answer_probs(turns, "pica")  # [..., G, K+1]
+  ids = jnp.asarray(turns.state_ids)
+  j = jnp.arange(k + 1)
+  reached = (j >= 1) & (j <= jnp.sum(mask, -1, keepdims=True))  # states after taken turns
+  gold = reached & jnp.asarray(turns.success, bool)[..., None]
+  same = ids[..., :, :, None, None] == ids[..., None, None, :, :]  # [..., G, K+1, G, K+1]
+  pivot = jnp.any(same & gold[..., None, None, :, :], axis=(-2, -1))
+  anchor = (j == 0) | (jnp.concatenate([jnp.zeros_like(mask[..., :1]), _calls(mask)], -1)
+                       & pivot)
+  last = jax.lax.cummax(jnp.where(anchor, j, 0), axis=anchor.ndim - 1)
+  phi = jnp.take_along_axis(p, last, -1)
+  r = jnp.where(_calls(mask), phi[..., 1:] - phi[..., :-1], 0.0)
+  _, a_out, a_turn, _ = _outcome_and_turn_terms(turns, r, gamma, scale_by_std, eps)
+  return jnp.where(mask, a_out[..., None] + beta * a_turn, 0.0)
+
+
+TOOL_CREDIT_ESTIMATORS = {"taco_tools": taco_tools, "ica": ica, "pica": pica}
 register("taco_tools", needs=("turns", "answer_logprobs", "tool_probes"))(
     _from_rollouts("taco_tools", _token_level(taco_tools)))
 register("ica", needs=("turns", "answer_logprobs", "evidence_probes"))(
     _from_rollouts("ica", _token_level(ica)))
+register("pica", needs=("turns", "answer_logprobs"))(_from_rollouts("pica", _token_level(pica)))

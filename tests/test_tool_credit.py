@@ -171,12 +171,61 @@ def test_tool_credit_family_script_runs_quick(tmp_path):
   cfg.progress = False
   cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1  # one update each
   summary = compare.run_experiment(cfg, str(tmp_path))
-  assert sorted(summary['methods']) == ['grpo:iid', 'ica:iid', 'taco_tools:iid']
+  assert sorted(summary['methods']) == ['grpo:iid', 'ica:iid', 'pica:iid', 'taco_tools:iid']
   train = {m: [r for r in loop.read_metrics(tmp_path / m.replace(':', '_') / 'seed0' /
                                             'metrics.jsonl') if 'reward' in r]
            for m in summary['methods']}
-  for m in ('taco_tools:iid', 'ica:iid'):
+  for m in ('taco_tools:iid', 'ica:iid', 'pica:iid'):
     assert len(train[m]) == cfg.rl.steps and all(np.isfinite(r['loss']) for r in train[m]), m
     # Same samples at the first step (same start and key), other credit: another loss.
     assert train[m][0]['reward'] == train['grpo:iid'][0]['reward']
     assert train[m][0]['loss'] != train['grpo:iid'][0]['loss'], m
+
+
+def ref_pica(ids, rewards, mask, success, alp, beta, gamma):
+  out = np.zeros(mask.shape)
+  for b in range(mask.shape[0]):
+    n = mask[b].sum(-1)
+    a = _grpo([np.sum(rewards[b, i, :n[i]]) for i in range(G)])
+    gold = {int(ids[b, h, j]) for h in range(G) if success[b, h] for j in range(1, n[h] + 1)}
+    p = np.exp(alp[b].astype(np.float64))
+    r = np.zeros((G, K))
+    for i in range(G):
+      phi = p[i, 0]
+      for k in range(n[i] - 1):  # the calls
+        new = p[i, k + 1] if int(ids[b, i, k + 1]) in gold else phi
+        r[i, k], phi = new - phi, new
+    ret = {(i, k): sum(gamma ** (j - k) * r[i, j] for j in range(k, n[i]))
+           for i in range(G) for k in range(n[i])}
+    vals = list(ret.values())
+    for (i, k), v in ret.items():
+      norm = (0.0 if len(vals) < 2 or max(vals) == min(vals)
+              else (v - np.mean(vals)) / (np.std(vals, ddof=1) + 1e-6))
+      out[b, i, k] = a[i] + beta * norm
+  return out
+
+
+@given(turn_groups(shapes=((G, K),), batch=(2,)), st.integers(0, 2**31 - 1),
+       st.sampled_from([(1.0, 1.0), (0.5, 0.9)]))
+def test_pica_matches_reference(group, seed, hp):
+  ids, rewards, mask, success = group
+  alp = np.log(np.random.default_rng(seed).uniform(0.01, 1.0, ids.shape)).astype(np.float32)
+  turns = validate_turns(Turns(state_ids=ids, rewards=rewards, turn_mask=mask, success=success,
+                               answer_logprobs=alp))
+  got = np.asarray(tc.pica(turns, beta=hp[0], gamma=hp[1]))
+  want = ref_pica(ids, np.where(mask, rewards, 0.0), mask, success, alp, *hp)
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
+def test_pica_without_a_success_is_grpo():
+  turns = _turns([5, 3, 2, 4]).replace(state_ids=np.arange(G * (K + 1), dtype=np.int32)
+                                       .reshape(G, K + 1) % 3)
+  every = np.where(np.asarray(turns.turn_mask), _grpo([1.0, 0.0, 1.0, 0.0])[:, None], 0.0)
+  np.testing.assert_allclose(np.asarray(tc.pica(turns.replace(success=np.zeros(G, bool)))),
+                             every, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(tc.pica(turns.replace(success=np.ones(G, bool)),
+                                                beta=0.0)), every, rtol=1e-5, atol=1e-7)
+  shaped = np.asarray(tc.pica(turns.replace(success=np.ones(G, bool))))
+  assert not np.allclose(shaped, every)
+  with pytest.raises(ValueError, match='success'):
+    tc.pica(turns)
