@@ -1,10 +1,11 @@
-"""Tool-call, evidence and pivot credit for agents (issue 23): TACO's tool credit (#134: each call's
-Differential Answer-Probe Reward, the gold answer's probability with minus without the view
-the call returned, plus the outcome advantage routed to the calls whose DAPR has its sign)
-and ICA (#155: each retrieved view's leave-one-out contribution to the gold answer's
-posterior at the final decision, group-normalised and added to the outcome advantage) and
-PiCA (#187: potential-based shaping by the gold answer's probe probability, the potential
-moving only at pivot states, those a success of the same group reached) vs GRPO on webshop (K = 6: search and click are the calls, buy the answer), the agents' default
+"""Tool-call, evidence and pivot credit for agents (issue 23): TACO's tool credit (#134:
+each call's Differential Answer-Probe Reward, the gold answer's probability with minus
+without the view the call returned, plus the outcome advantage routed to the calls whose
+DAPR has its sign), ICA (#155: each retrieved view's leave-one-out contribution to the gold
+answer's posterior at the final decision, group-normalised and added to the outcome
+advantage) and PiCA (#187: potential-based shaping by the gold answer's probe probability,
+the potential moving only at pivot states, those a success of the same group reached) vs
+GRPO on webshop (K = 6: search and click are the calls, buy the answer), the agents' default
 budget (expert warm start, 30 RL steps x 16 start states x G = 8), 5 seeds, paired intervals
 at matched environment steps.
 
