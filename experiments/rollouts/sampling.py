@@ -642,8 +642,9 @@ def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chain
 
   Samples N = num_chains i.i.d. chains (responses g < N, roots; the same stages
   as `sample_iid`), asks `fork_policy` for K (source, position) pairs per
-  prompt (a policy with `reads_model` also gets the params and prompts: `with_model`), and samples child k as response g = N + k from `position` to the
-  end, reusing the chain's KV cache. Positions are clipped into
+  prompt (a policy with `reads_model` also gets the params and prompts:
+  `with_model`), and samples child k as response g = N + k from `position` to
+  the end, reusing the chain's KV cache. Positions are clipped into
   [0, length(source) - 1], so each fork re-samples a token the chain
   generated. G = N + K; parent = source, fork = position for children.
   """
