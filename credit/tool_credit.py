@@ -9,7 +9,7 @@ call whose observation a later decision reads. The probes are the loop's teacher
 [..., G, K+1] with everything in context, `Turns.tool_probes` / `Turns.evidence_probes`
 [..., G, K] with turn k's observation masked, read right after the call / at the final
 decision. Probabilities are p = exp(mean per-token log p), IGPO's reading of a probe's
-expected answer reward. Both are registered, like `credit.agents`' estimators, as
+expected answer reward. All three are registered, like `credit.agents`' estimators, as
 token-level estimators reading `rollouts.turns`.
 """
 
