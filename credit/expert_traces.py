@@ -52,9 +52,15 @@ def _outcome_and_turn_terms(turns, signal, gamma, scale_by_std, eps):
   groups, group = _group_index(mask.shape)
   a_turn = _bucket_norm(g.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
                         bool(scale_by_std), eps).reshape(mask.shape)
+  a_out, returns = episode_grpo(turns, mask, scale_by_std, eps)
+  return mask, a_out, a_turn, returns
+
+
+def episode_grpo(turns: Turns, mask, scale_by_std, eps):
+  """(GRPO of the episode returns [..., G], the returns [..., G]) over the taken turns `mask`."""
   returns = episode_returns(jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0), mask)
   a_out = map_groups(lambda x: _grpo(x, bool(scale_by_std), eps), returns.shape[:-1], returns)
-  return mask, a_out, a_turn, returns
+  return a_out, returns
 
 
 EXPERT_TRACE_ESTIMATORS = {"matchtir": matchtir}

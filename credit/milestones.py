@@ -22,7 +22,7 @@ from credit.registry import register
 from credit.returns import reverse_linear_scan
 from credit.rollouts import Rollouts
 from credit.turns import Turns, check_turn_shapes, episode_returns, turn_to_tokens
-from credit.values import _turn_gae
+from credit.values import turn_values
 from trees.step_graph import map_groups
 
 
@@ -131,10 +131,9 @@ def hiper(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0, high_lam: fl
   if milestones is None:
     raise ValueError("hiper needs rollouts.turns.milestones (the sub-goals each turn reaches "
                      "first: household).")
-  _, v, token_turn, mask = _turn_gae(rollouts, "hiper", gamma, lam)
-  adv = hierarchical_gae(jnp.asarray(rollouts.turns.rewards, jnp.float32), v, mask,
-                         jnp.asarray(milestones) > 0, jnp.float32(gamma), jnp.float32(lam),
-                         jnp.float32(high_lam), jnp.float32(omega))
+  v, rewards, token_turn, mask = turn_values(rollouts, "hiper")
+  adv = hierarchical_gae(rewards, v, mask, jnp.asarray(milestones) > 0, jnp.float32(gamma),
+                         jnp.float32(lam), jnp.float32(high_lam), jnp.float32(omega))
   if whiten:
     adv = masked_whiten(adv, mask, eps)
   return jnp.where(token_turn >= 0, turn_to_tokens(adv, token_turn), 0.0)

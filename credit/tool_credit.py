@@ -16,12 +16,11 @@ token-level estimators reading `rollouts.turns`.
 import jax
 import jax.numpy as jnp
 
-from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
+from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index,
                            _token_level, _validated)
-from credit.expert_traces import _outcome_and_turn_terms
+from credit.expert_traces import _outcome_and_turn_terms, episode_grpo
 from credit.registry import register
-from credit.turns import Turns, episode_returns
-from trees.step_graph import map_groups
+from credit.turns import Turns
 
 
 def _calls(mask):
@@ -42,12 +41,6 @@ def _answer_probs(turns: Turns, who: str):
   if turns.answer_logprobs is None:
     raise ValueError(f"{who} needs turns.answer_logprobs (the loop's gold-answer probes).")
   return jnp.exp(jnp.asarray(turns.answer_logprobs, jnp.float32))  # [..., G, K+1]
-
-
-def _outcome(turns: Turns, mask, scale_by_std, eps):
-  """GRPO of the episode returns, [..., G]."""
-  returns = episode_returns(jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0), mask)
-  return map_groups(lambda x: _grpo(x, bool(scale_by_std), eps), returns.shape[:-1], returns)
 
 
 @_validated
@@ -74,7 +67,7 @@ def taco_tools(turns: Turns, beta: float = 1.0, route: bool = True, scale_by_std
   p = _answer_probs(turns, "taco_tools")
   without = jnp.exp(_field(turns, "tool_probes", tool_probes, "taco_tools"))
   d = jnp.where(calls, p[..., 1:] - without, 0.0)
-  a = _outcome(turns, mask, scale_by_std, eps)[..., None]
+  a = episode_grpo(turns, mask, scale_by_std, eps)[0][..., None]
   gate = ~calls | (jnp.sign(d) == jnp.sign(a)) if route else jnp.ones_like(mask)
   return jnp.where(mask, jnp.where(gate, a, 0.0) + beta * d, 0.0)
 
@@ -107,7 +100,7 @@ def ica(turns: Turns, beta: float = 1.0, scale_by_std: bool = True, evidence_pro
   groups, group = _group_index(mask.shape)
   c_hat = _bucket_norm(c.reshape(-1), group.reshape(-1), calls.reshape(-1), groups,
                        bool(scale_by_std), eps).reshape(mask.shape)
-  a = _outcome(turns, mask, scale_by_std, eps)[..., None]
+  a = episode_grpo(turns, mask, scale_by_std, eps)[0][..., None]
   return jnp.where(mask, a + beta * jnp.where(calls, c_hat, 0.0), 0.0)
 
 

@@ -83,6 +83,13 @@ def ppo_turns(rollouts: Rollouts, gamma: float = 1.0, lam: float = 1.0, whiten: 
 def _turn_gae(rollouts: Rollouts, who: str, gamma: float, lam: float):
   """(turn advantages [..., G, K], turn values V(s_k) [..., G, K], token_turn, turn mask):
   GAE over turns from the critic's value before each turn's first action token."""
+  v, rewards, token_turn, mask = turn_values(rollouts, who)
+  return gae_advantages(rewards, v, mask, gamma, lam), v, token_turn, mask
+
+
+def turn_values(rollouts: Rollouts, who: str):
+  """(V(s_k) [..., G, K]: the critic's value before turn k's first action token, 0 off taken
+  turns; turn rewards [..., G, K], 0 off taken turns; token_turn; turn mask), validated."""
   turns = rollouts.turns
   if turns is None or turns.token_turn is None:
     raise ValueError(f"{who} needs rollouts.turns with token_turn (multi-turn trajectories).")
@@ -99,7 +106,7 @@ def _turn_gae(rollouts: Rollouts, who: str, gamma: float, lam: float):
   v = jnp.where(mask & (first < l),
                 jnp.take_along_axis(values, jnp.minimum(first, l - 1), -1), 0.0)
   rewards = jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0)
-  return gae_advantages(rewards, v, mask, gamma, lam), v, token_turn, mask
+  return v, rewards, token_turn, mask
 
 
 @register("bilevel_gae", needs=("turns", "values"))

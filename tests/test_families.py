@@ -12,7 +12,8 @@ from experiments.training import compare, loop
 
 # Variants that add a method to another family's script run slow-marked (their loop paths
 # have quick tests of their own: test_interventions, test_replay, test_milestones,
-# test_step_forks; ADHint's 'difficulty' hints: test_hints, its sampler: the 'hints' run).
+# test_step_forks; ADHint's 'difficulty' hints: test_hints, its sampler: the 'hints' run),
+# except 'tree_search:appo', the only loop run of the 'tree_branching' sampler.
 FAMILIES = ('entropy_weighting', 'confidence', 'polarity', 'implied_values', 'policy_losses',
             'context_shift', 'saliency', 'probes', 'hindsight:plain', 'hints', 'tree_search',
             'tree_search:appo',

@@ -19,12 +19,12 @@ best-scoring probed positions, as `sampling.EntropyForks` takes the highest-entr
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from experiments.models import decoder
+from experiments.rollouts.sampling import _fork_at
 
 
 def branching_scores(params, cfg: decoder.PolicyConfig, prompts, prompt_len, chains, *,
@@ -86,7 +86,6 @@ class BranchingForks:
                        f'window={self.window}, candidates={self.candidates}.')
 
   def with_model(self, params, cfg, prompts, prompt_len, chains):
-    from experiments.rollouts.sampling import _fork_at
     l = chains.tokens.shape[-1]
     m = self.candidates or 4 * self.num_forks
     if self.num_forks > min(m, l):
@@ -96,12 +95,3 @@ class BranchingForks:
                              window=self.window)
     best, pos = jax.lax.top_k(score, self.num_forks)  # [B, N, F]
     return _fork_at(jnp.where(best > -jnp.inf, pos, pos[..., :1]), self.num_continuations)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def apply_model_policy(fork_policy, params, cfg, prompts, prompt_len, chains):
-  """`fork_policy.with_model(...)` under jit; positions clipped into [0, length(source) − 1]."""
-  source, position = fork_policy.with_model(params, cfg, prompts, prompt_len, chains)
-  source = jnp.asarray(source, jnp.int32)
-  src_len = jnp.take_along_axis(chains.lengths, source, 1)
-  return source, jnp.clip(jnp.asarray(position, jnp.int32), 0, src_len - 1)

@@ -52,7 +52,6 @@ import numpy as np
 from flax import struct
 
 from experiments.models import decoder
-from experiments.rollouts import branching
 
 
 @struct.dataclass
@@ -617,7 +616,16 @@ class CutpointForks:
 @functools.partial(jax.jit, static_argnums=0)
 def _apply_policy(fork_policy, chains):
   """Runs the policy; clips positions into [0, length(source) - 1]."""
-  source, position = fork_policy(chains)
+  return _clip_forks(chains, *fork_policy(chains))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _apply_model_policy(fork_policy, params, cfg, prompts, prompt_len, chains):
+  """`fork_policy.with_model(...)` (a policy that reads the model); clipped as above."""
+  return _clip_forks(chains, *fork_policy.with_model(params, cfg, prompts, prompt_len, chains))
+
+
+def _clip_forks(chains, source, position):
   source = jnp.asarray(source, jnp.int32)
   src_len = jnp.take_along_axis(chains.lengths, source, 1)
   return source, jnp.clip(jnp.asarray(position, jnp.int32), 0, src_len - 1)
@@ -655,8 +663,8 @@ def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chain
                   eos_id, pad_id)
   chains = _to_samples(state, b)
   if getattr(fork_policy, 'reads_model', False):  # e.g. APPO's counterfactual passes
-    source, position = branching.apply_model_policy(fork_policy, params, cfg, prompts,
-                                                    prompt_len, chains)
+    source, position = _apply_model_policy(fork_policy, params, cfg, prompts, prompt_len,
+                                           chains)
   else:
     source, position = _apply_policy(fork_policy, chains)
   k = source.shape[1]
