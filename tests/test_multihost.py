@@ -228,7 +228,39 @@ def test_watchdog_failed_peer_ends_the_other_and_keeps_its_error(tmp_path):
 def test_watchdog_finished_peer_is_not_a_dead_one(tmp_path):
   codes, errs, _ = run_collectives(tmp_path, 'finish')
   assert codes == [0, 0], errs
+  assert not any('terminate called' in e for e in errs), errs
   assert not watchdog_lines(errs[0] + errs[1]), errs
+
+
+class FakeClient:
+  """The two key-value calls of a coordination client, over a dict."""
+
+  def __init__(self):
+    self.kv, self.lock = {}, __import__('threading').Lock()
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    with self.lock:
+      self.kv[key] = value
+
+  def key_value_dir_get(self, prefix):
+    with self.lock:
+      return [(k, v) for k, v in self.kv.items() if k.startswith(prefix)]
+
+
+def test_watchdog_normal_end_stops_its_thread_before_jax_shuts_down():
+  # A daemon thread still calling into the C++ client at interpreter exit aborted a
+  # finished process once in CI ("terminate called after throwing an instance of ''").
+  from experiments.training import watchdog
+  client, exits = FakeClient(), []
+  wd = watchdog.Watchdog(client, 1, 2, timeout=5, interval=0.01, exit_fn=exits.append)
+  wd.start()
+  time.sleep(0.1)
+  assert wd.is_alive() and int(client.kv[wd.key('alive', 1)]) > 1  # it beats
+  wd.on_exit()
+  assert not wd.is_alive() and client.kv[wd.key('exited', 1)] == '1' and exits == []
+  beats = client.kv[wd.key('alive', 1)]
+  time.sleep(0.05)
+  assert client.kv[wd.key('alive', 1)] == beats  # no call after the end
 
 
 @pytest.mark.slow  # ~3 minutes on 2 CPU cores (3 training jobs; compile dominates)

@@ -15,9 +15,10 @@ checkpoint to resume from (`register_checkpoints`), when
   * the coordination service (process 0) has been unreachable for `timeout` seconds.
 
 A process that ends normally says so first (`atexit`), so its peers do not take its
-silence for a death. A process that fails with an uncaught exception prints its
-traceback as usual, publishes the error, and exits once its peers have seen it (at
-most `timeout` seconds), instead of waiting in JAX's shutdown barrier.
+silence for a death, and stops the thread before JAX shuts down. A process that fails
+with an uncaught exception prints its traceback as usual, publishes the error, and
+exits once its peers have seen it (at most `timeout` seconds), instead of waiting in
+JAX's shutdown barrier.
 
 Liveness needs the GIL now and then: a peer that holds it for longer than `timeout`
 (no known JAX / XLA call does; compilation and collectives release it) would be taken
@@ -219,6 +220,15 @@ class Watchdog(threading.Thread):
         return
       self.stop.wait(self.interval)
 
+  def halt(self):
+    """Stops the thread and waits for it, so that no call of it into the coordination
+    client is in flight during JAX's shutdown and interpreter exit (a daemon thread
+    still inside that C++ client then aborts the process: "terminate called after
+    throwing an instance of ''", seen once in CI after a finished run)."""
+    self.stop.set()
+    if self.is_alive() and threading.current_thread() is not self:
+      self.join(timeout=self.timeout + 2 * self.interval)
+
   # -- this process ending ------------------------------------------------------------
 
   def on_exception(self, exc_type, exc, tb):
@@ -238,6 +248,7 @@ class Watchdog(threading.Thread):
         self.exit_fn(self.status)
       return
     if self.failed is None:
+      self.halt()
       return
     # The watchdog thread may end this process first (a dead peer caused the error).
     self._wait_for_peers(lambda j, snap: (self.pid, j) in snap['ack'])
