@@ -1,13 +1,16 @@
 """Milestone, hierarchical and subproblem credit (issue 23) vs GRPO.
 
-    python -m experiments.milestones [--config.quick=True]                 # BEACON on household
+    python -m experiments.milestones [--config.quick=True]                 # BEACON, ReBel: household
     python -m experiments.milestones --config=configs/milestones.py:steps  # SCRL, HRPO: scratch_add
     python -m experiments.milestones --config=configs/milestones.py:long   # BEACON, 3 sub-tasks
     python -m experiments.milestones --config=configs/milestones.py:hiper  # HiPER on household
 
-Default: BEACON (#28) on household, `configs.agents.paper`'s budget (expert warm start, 30 RL
-steps x 16 start states x G = 8), the loop filling `Turns.milestones` from household's
-sub-goals (holding or placing the object, cleaning it when asked, solving). `:steps`: SCRL
+Default: BEACON (#28) and ReBel (#25: GRPO plus returns compared within milestone phases,
+the policy's probability of each observation as a dense belief-consistency reward) on
+household, `configs.agents.paper`'s budget (expert warm start, 30 RL steps x 16 start states
+x G = 8), the loop filling `Turns.milestones` from household's sub-goals (holding or placing
+the object, cleaning it when asked, solving) and `Turns.feedback_logprobs` by one
+teacher-forced pass. `:steps`: SCRL
 (#76), blockwise advantages with an outcome-conditioned baseline (#50) and HRPO's phase
 advantages (#2) on scratch_add's verifiable steps, `configs.tempo.family`'s budget. `:long`: BEACON on `household_long` (three
 sub-tasks in one episode, 30 turns; the expert needs 12-18), where BEACON's claim is about
@@ -32,7 +35,7 @@ def get_config(arg: str = ''):
   if arg not in ('', 'long'):
     raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household), steps, '
                      f'long and hiper')
-  c = agents.paper('grpo:iid,beacon:iid')
+  c = agents.paper('grpo:iid,beacon:iid,rebel:iid' if arg == '' else 'grpo:iid,beacon:iid')
   if arg == 'long':
     c.task.name, c.task.kwargs = 'household_long', {'num_goals': 3, 'max_turns': 30}
   c.seeds = (0, 1, 2, 3, 4)

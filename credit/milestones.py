@@ -6,9 +6,11 @@ turn achieves for the first time; the loop fills them from the environment, hous
 estimator reading `rollouts.turns` (`needs=('turns', 'milestones')`). `scrl` normalises the
 verifiable reward of each subproblem (reasoning step) across the group and credits the
 step's own tokens with it; `hiper` is hierarchical GAE over milestone segments with the
-critic's turn values (`needs=('turns', 'values', 'milestones')`); `blockwise` baselines each block's reward within the responses
-whose earlier blocks went the same way (`needs=('token_rewards', 'step_ends')` for both,
-e.g. scratch_add).
+critic's turn values (`needs=('turns', 'values', 'milestones')`); `rebel` compares turns of
+the same milestone phase, with the policy's own prediction of its feedback as a dense reward
+(`needs=('turns', 'milestones', 'feedback_logprobs')`); `blockwise` baselines each block's
+reward within the responses whose earlier blocks went the same way
+(`needs=('token_rewards', 'step_ends')` for both, e.g. scratch_add).
 """
 
 import functools
@@ -16,7 +18,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from credit.agents import _EPS, _check_unit, _grpo, _token_level, _validated, _from_rollouts
+from credit.agents import (_EPS, _bucket_norm, _check_unit, _grpo, _token_level, _validated,
+                           _from_rollouts)
 from credit.groups import masked_whiten
 from credit.registry import register
 from credit.returns import reverse_linear_scan
@@ -89,6 +92,62 @@ def _beacon(key, mask, returns, gamma, omega, eps, scale_by_std):
 
 beacon_tokens = _token_level(beacon)
 register("beacon", needs=("turns", "milestones"))(_from_rollouts("beacon", beacon_tokens))
+
+
+@_validated
+def rebel(turns: Turns, gamma: float = 0.95, lam: float = 0.5, belief_coef: float = 1.0,
+          scale_by_std: bool = False, eps: float = _EPS):
+  """ReBel (#25; the seed abstract and its public code's `compute_rebel_advantage`):
+  belief-aware grouping and belief consistency as a dense reward.
+
+  A_k = A^ep + λ·(c(R^env)_k + β·c(R^bel)_k) on taken turns, with A^ep GRPO of the episode
+  returns R (`scale_by_std=False`: R − mean, the code's default 'mean_norm'); R^env_k =
+  γ^(n−1−k)·R (the outcome discounted back from the last of the n taken turns); R^bel_k =
+  Σ_{j≥k} γ^(j−k) b_j, b_j = exp(`turns.feedback_logprobs`_j) ∈ [0, 1]; c(x)_k = x_k − the
+  mean of x over the group's taken turns in turn k's belief group (a group of one gives 0).
+  Readings (our agents write no belief text): the belief group is the milestone phase, the
+  number of sub-goals reached before turn k (Σ_{j<k} `turns.milestones`_j, capped at K; the
+  code's 'gt_phase' key, the environment's phase, without the belief's flags); the belief's
+  agreement with the next observation (its r_pred) is the policy's own geometric-mean
+  probability of the observation that followed. λ = 0.5, γ = 0.95, β = 1 as the code.
+  Reductions (tested): λ = 0 is GRPO on every turn; with b ≡ 0 and one phase, the R^env
+  term alone. Returns float32 [..., G, K], 0 on untaken turns.
+  """
+  _check_unit("gamma", gamma)
+  if not (lam >= 0 and belief_coef >= 0):
+    raise ValueError(f"rebel lam and belief_coef must be >= 0; got {lam}, {belief_coef}.")
+  check_turn_shapes(turns)
+  if turns.milestones is None or turns.feedback_logprobs is None:
+    raise ValueError("rebel needs turns.milestones (the belief phase) and "
+                     "turns.feedback_logprobs (the belief's agreement with the next "
+                     "observation); the loop fills both on household.")
+  mask = jnp.asarray(turns.turn_mask, bool)
+  returns = episode_returns(turns.rewards, mask)
+  return _rebel(jnp.asarray(turns.milestones, jnp.int32), jnp.asarray(turns.feedback_logprobs,
+                jnp.float32), mask, returns, jnp.float32(gamma), jnp.float32(lam),
+                jnp.float32(belief_coef), jnp.float32(eps), bool(scale_by_std))
+
+
+@functools.partial(jax.jit, static_argnums=(8,))
+def _rebel(milestones, feedback, mask, returns, gamma, lam, beta, eps, scale_by_std):
+  def one(milestones, feedback, mask, returns):  # one group: [G, K] x 3, [G]
+    g, k = mask.shape
+    m = mask.astype(jnp.float32)
+    n = jnp.sum(mask, -1, keepdims=True)
+    r_env = jnp.where(mask, gamma ** (n - 1 - jnp.arange(k)).astype(jnp.float32)
+                      * returns[:, None], 0.0)
+    r_bel = reverse_linear_scan(jnp.where(mask, jnp.exp(feedback), 0.0), gamma * m)
+    phase = jnp.minimum(jnp.cumsum(jnp.where(mask, milestones, 0), -1) - milestones, k)
+    centre = lambda x: _bucket_norm(x.reshape(-1), phase.reshape(-1), mask.reshape(-1), k + 1,
+                                    False, eps, ddof=0).reshape(g, k)
+    step = centre(r_env) + beta * centre(r_bel)
+    return jnp.where(mask, _grpo(returns, scale_by_std, eps)[:, None] + lam * step, 0.0)
+
+  return map_groups(one, mask.shape[:-2], milestones, feedback, mask, returns)
+
+
+register("rebel", needs=("turns", "milestones", "feedback_logprobs"))(
+    _from_rollouts("rebel", _token_level(rebel)))
 
 
 def hierarchical_gae(rewards, values, mask, key, gamma, lam, high_lam, omega):

@@ -52,6 +52,10 @@ class Turns:
       taken turn, with turn k's observation masked): the final posterior without the view
       turn k retrieved, whose "with" is answer_logprobs[..., n_g − 1] (ICA), or None. Read on
       k < n_g − 1.
+    feedback_logprobs: float32 [..., G, K], the policy's mean per-token log p_θ of turn k's
+      observation (the feedback its action got) given the history through action k: how well
+      its own prediction of the next observation agreed with what came (ReBel's belief
+      consistency), or None. Read on taken turns.
   """
 
   state_ids: jax.Array
@@ -67,6 +71,7 @@ class Turns:
   info_gains: Optional[jax.Array] = None
   tool_probes: Optional[jax.Array] = None
   evidence_probes: Optional[jax.Array] = None
+  feedback_logprobs: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -209,7 +214,7 @@ def check_turn_shapes(turns: Turns):
     if em.shape != turn_mask.shape or em.dtype != jnp.bool_:
       raise ValueError(f"expert_matches must be boolean of turn_mask's shape {turn_mask.shape}; "
                        f"got {em.dtype} {em.shape}.")
-  for name in ("info_gains", "tool_probes", "evidence_probes"):
+  for name in ("info_gains", "tool_probes", "evidence_probes", "feedback_logprobs"):
     value = getattr(turns, name)
     if value is not None and (_array(value).shape != turn_mask.shape
                               or not jnp.issubdtype(_array(value).dtype, jnp.floating)):
@@ -238,7 +243,8 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
   turn_mask a run from turn 0; rewards finite (float32) on taken turns;
   values_star and solver_steps finite and answer_logprobs not NaN or +inf on the states a
   trajectory visits (`check_state_values`), tool_probes and evidence_probes not NaN or +inf
-  on the turns a taken turn follows; token_turn in [-1, K) and only
+  on the turns a taken turn follows, feedback_logprobs not NaN or +inf on taken turns;
+  token_turn in [-1, K) and only
   pointing at taken turns. With `rollouts` (a `credit.Rollouts`, or anything
   with a `mask` [..., G, L]), token_turn must have the tokens' shape and be -1
   on masked tokens. Every turn estimator of `credit.agents` runs it on its
@@ -289,6 +295,13 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
       if np.any(bad):
         raise ValueError(f"{name} must be log-probabilities (finite or -inf) on turns followed "
                          f"by a taken turn; {name}{list(_first(bad))} = {v[_first(bad)]}.")
+  if turns.feedback_logprobs is not None and _concrete(turns.feedback_logprobs, mask):
+    with np.errstate(over="ignore"):
+      v = np.asarray(turns.feedback_logprobs, np.float32)
+    bad = np.asarray(mask, bool) & (np.isnan(v) | (v == np.inf))
+    if np.any(bad):
+      raise ValueError(f"feedback_logprobs must be log-probabilities (finite or -inf) on "
+                       f"taken turns; feedback_logprobs{list(_first(bad))} = {v[_first(bad)]}.")
   if turns.milestones is not None and _concrete(turns.milestones, mask):
     if np.any(np.asarray(turns.milestones)[np.asarray(mask, bool)] < 0):
       raise ValueError("milestones must be >= 0 on taken turns (a count of sub-goals).")

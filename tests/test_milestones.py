@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jax
+import jax.numpy as jnp
 import credit
 from credit import milestones as ms
 from credit.turns import Turns, validate_turns
@@ -234,3 +235,117 @@ def test_hrpo_matches_reference(group, seed, scale, w):
                              credit.get("grpo")(r, scale_by_std=scale), atol=1e-6)
   with pytest.raises(ValueError, match="token_rewards"):
     credit.get("hrpo")(r.replace(token_rewards=None))
+
+
+def ref_rebel(rewards, mask, milestones, feedback, gamma, lam, beta, scale=False):
+  """Loops over one group [G, K]: ReBel's A^ep + λ·(c(R^env) + β·c(R^bel)), belief groups =
+  the count of milestones before each turn."""
+  g, k = np.shape(mask)
+  episode = ref_grpo(rewards, mask, scale)
+  env, bel, phase = {}, {}, {}
+  for i in range(g):
+    n = int(sum(mask[i]))
+    ret = float(np.sum(np.asarray(rewards[i][:n], np.float64)))
+    for t in range(n):
+      env[i, t] = gamma ** (n - 1 - t) * ret
+      bel[i, t] = sum(gamma ** (j - t) * np.exp(np.float64(feedback[i][j])) for j in range(t, n))
+      phase[i, t] = min(int(sum(milestones[i][:t])), k)
+  centre = lambda x, key: x[key] - np.mean([x[o] for o in x if phase[o] == phase[key]])
+  out = np.zeros((g, k))
+  for key in env:
+    alone = sum(1 for o in env if phase[o] == phase[key]) == 1
+    step = 0.0 if alone else centre(env, key) + beta * centre(bel, key)
+    out[key] = episode[key[0]] + lam * step
+  return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(turn_groups(shapes=((G, K),), batch=(2,)), st.integers(0, 2**31 - 1),
+       st.sampled_from([(0.95, 0.5, 1.0), (0.5, 1.0, 0.0), (1.0, 2.0, 3.0)]))
+def test_rebel_matches_reference(group, seed, hp):
+  ids, rewards, mask, success = group
+  rng = np.random.default_rng(seed)
+  m = np.where(mask, rng.integers(0, 2, mask.shape), 0).astype(np.int32)
+  fb = np.where(mask, -rng.exponential(1.0, mask.shape), 0.0).astype(np.float32)
+  turns = Turns(ids, rewards, mask, success=success, milestones=m, feedback_logprobs=fb)
+  got = np.asarray(ms.rebel(turns, gamma=hp[0], lam=hp[1], belief_coef=hp[2]))
+  for b in range(2):
+    np.testing.assert_allclose(got[b], ref_rebel(rewards[b], mask[b], m[b], fb[b], *hp),
+                               rtol=2e-4, atol=2e-4)
+
+
+def test_rebel_reductions_and_refusals():
+  rng = np.random.default_rng(0)
+  rewards = np.zeros((G, K), np.float32)
+  rewards[:, -1] = [1.0, 0.0, 1.0, 0.0]
+  mask = np.ones((G, K), bool)
+  m = rng.integers(0, 2, (G, K)).astype(np.int32)
+  fb = -rng.exponential(1.0, (G, K)).astype(np.float32)
+  turns = Turns(np.zeros((G, K + 1), np.int32), rewards, mask, milestones=m, feedback_logprobs=fb)
+  outcome = credit.Rollouts(tokens=np.zeros((G, K), np.int32), mask=mask, rewards=rewards.sum(-1))
+  np.testing.assert_allclose(ms.rebel(turns, lam=0.0),  # GRPO without the std, every turn
+                             credit.get("grpo")(outcome, scale_by_std=False), atol=1e-6)
+  # One phase, no belief term: the outcome discounted back, centred over each turn's phase.
+  flat = turns.replace(milestones=np.zeros((G, K), np.int32))
+  env = 0.9 ** (K - 1 - np.arange(K)) * rewards.sum(-1, keepdims=True)
+  want = np.asarray(ref_grpo(rewards, mask, False))[:, None] + (env - env.mean())
+  np.testing.assert_allclose(ms.rebel(flat, gamma=0.9, lam=1.0, belief_coef=0.0), want,
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="feedback_logprobs"):
+    ms.rebel(turns.replace(feedback_logprobs=None))
+  with pytest.raises(ValueError, match="feedback_logprobs"):
+    ms.rebel(turns.replace(feedback_logprobs=np.where(mask, np.nan, 0.0).astype(np.float32)))
+  with pytest.raises(ValueError, match="lam"):
+    ms.rebel(turns, lam=-1.0)
+  assert credit.needs("rebel") == ("turns", "milestones", "feedback_logprobs")
+
+
+def test_feedback_logprobs_equal_teacher_forcing_of_each_observation():
+  from experiments.models import decoder
+  from experiments.rollouts import agent_sampling as ags
+  from envs.household import Household
+  env, nt = Household(max_turns=6), 4
+  pcfg = decoder.PolicyConfig(vocab_size=env.vocab_size, d_model=16, num_layers=1, num_heads=2,
+                              d_ff=32, max_len=ags.sequence_length(env, nt))
+  params = decoder.init_params(jax.random.PRNGKey(3), pcfg)
+  ep = ags.sample_episodes(params, pcfg, env, jax.random.key(1), 2, 2, num_turns=nt)
+  got = np.asarray(ags.feedback_logprobs(params, pcfg, env, ep.tokens, ep.turn_mask, env.pad_id,
+                                         num_turns=nt))
+  tokens, turn_mask = np.asarray(ep.tokens), np.asarray(ep.turn_mask)
+  _, obs_pos, _ = ags.slot_layout(env, nt)
+  for b in range(2):
+    for g in range(2):
+      for k in range(nt):
+        if not turn_mask[b, g, k]:
+          assert got[b, g, k] == 0.0
+          continue
+        start, obs = obs_pos[k][0], tokens[b, g, obs_pos[k]]
+        obs = obs[obs != env.pad_id]
+        # The observation scored after its own prefix only (an independent forward).
+        lp, _ = decoder.token_logprobs(params, pcfg, jnp.asarray(tokens[b, g, None, :start]),
+                                       jnp.asarray(obs[None]))
+        np.testing.assert_allclose(got[b, g, k], float(np.mean(lp)), rtol=1e-4, atol=1e-5)
+  assert np.all(got[turn_mask] < 0)
+
+
+def test_milestone_family_script_runs_quick(tmp_path):
+  """configs/milestones.py (household) through the loop: BEACON and ReBel read the milestones
+  and observation log-probs the loop fills."""
+  from configs import agents as agents_config
+  from configs import milestones as milestones_config
+  from experiments.training import compare, loop
+  cfg = agents_config.shrink(milestones_config.get_config(), milestones_config.get_config())
+  cfg.progress = False
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
+  summary = compare.run_experiment(cfg, str(tmp_path))
+  assert sorted(summary['methods']) == ['beacon:iid', 'grpo:iid', 'rebel:iid']
+  train = {m: [r for r in loop.read_metrics(tmp_path / m.replace(':', '_') / 'seed0' /
+                                            'metrics.jsonl') if 'reward' in r]
+           for m in summary['methods']}
+  base = train['grpo:iid'][0]
+  for m in ('beacon:iid', 'rebel:iid'):
+    assert np.isfinite(train[m][0]['loss']) and train[m][0]['reward'] == base['reward'], m
+  # From the shrunk config's random start no episode succeeds, so GRPO's (and BEACON's, no
+  # milestone reached) advantages are 0; ReBel's belief term still compares turns.
+  assert base['success'] == 0 and base['loss'] == 0 == train['beacon:iid'][0]['loss']
+  assert train['rebel:iid'][0]['loss'] != 0

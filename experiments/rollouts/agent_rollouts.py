@@ -232,8 +232,9 @@ class AgentProblem:
 
   def turns(self, params, draw: Draw, samples: AgentSamples, needs=()) -> credit.Turns:
     """The samples' `credit.Turns`, with values_star / solver_steps / milestones /
-    info_gains / expert_matches / answer_logprobs / tool_probes / evidence_probes if in
-    `needs` (the gold answer, `env.answer`, is fixed by the group's start state)."""
+    info_gains / feedback_logprobs / expert_matches / answer_logprobs / tool_probes /
+    evidence_probes if in `needs` (the gold answer, `env.answer`, is fixed by the group's
+    start state)."""
     turns, e = samples.turns, samples.episodes
     if 'values_star' in needs:
       turns = turns.replace(values_star=ags.solver_values(e, self.env, self.gamma))
@@ -246,6 +247,10 @@ class AgentProblem:
       gains = ags.info_gains(params, self.pcfg, self.env, e.tokens, e.policy_mask, pad,
                              num_turns=self.num_turns)
       turns = turns.replace(info_gains=jnp.where(e.turn_mask, gains, 0.0))
+    if 'feedback_logprobs' in needs:  # ReBel: one teacher-forced pass
+      pad = self.lm_ids(jnp.asarray(self.env.pad_id, jnp.int32))
+      turns = turns.replace(feedback_logprobs=ags.feedback_logprobs(
+          params, self.pcfg, self.env, e.tokens, e.turn_mask, pad, num_turns=self.num_turns))
     if 'expert_matches' in needs:
       if not hasattr(self.env, 'expert_action'):
         raise ValueError(f'environment {self.env.name!r} has no expert (env.expert_action); '

@@ -557,6 +557,22 @@ def info_gains(params, pcfg: decoder.PolicyConfig, env, tokens, policy_mask, pad
   return out.T.reshape(shape[:-1] + (k,))
 
 
+@functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_turns"))
+def feedback_logprobs(params, pcfg: decoder.PolicyConfig, env, tokens, turn_mask, pad, *,
+                      num_turns: Optional[int] = None):
+  """float32 [..., K]: for turn k, the policy's mean per-token log p_θ of the observation that
+  followed action k (its tokens before the padding), given the history through the action:
+  how well the policy predicted its feedback (ReBel's belief consistency, `credit.milestones.
+  rebel`). One teacher-forced forward; 0 on untaken turns and observations of no tokens."""
+  k = num_turns_of(env, num_turns)
+  _, obs_pos, _ = slot_layout(env, k)
+  lp = teacher_forced_logprobs(params, pcfg, tokens)  # [..., T]
+  obs = jnp.take(lp, jnp.asarray(obs_pos), axis=-1)  # [..., K, O]
+  real = jnp.take(tokens, jnp.asarray(obs_pos), axis=-1) != pad
+  total = jnp.sum(jnp.where(real, obs, 0.0), -1)
+  return jnp.where(turn_mask, total / jnp.maximum(jnp.sum(real, -1), 1), 0.0)
+
+
 def expert_matches(episodes: Episodes, expert: Episodes, env, num_turns=None) -> jax.Array:
   """bool [B, G, K]: turn k's action equals an action of the expert's trajectory from the
   same start (`expert`: [B, 1, ...], `expert_episodes` from the groups' start states) that
