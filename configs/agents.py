@@ -62,7 +62,7 @@ def shrink(c: ml_collections.ConfigDict, defaults=None, explicit=()) -> ml_colle
   """The --config.quick=True smoke run (about a minute on 2 CPU cores); keeps what the user
   set (`configs.tempo.apply_quick`; `defaults` None: `get_config()`)."""
   quick = {'model.d_model': 32, 'model.num_layers': 1, 'model.num_heads': 2, 'model.d_ff': 64,
-           'task.kwargs.max_turns': 6,
+           'task.kwargs.max_turns': 6 * c.task.kwargs.get('attempts', 1),  # household_retry
            'sampler.group_size': 4, 'sampler.num_chains': 2, 'sampler.num_continuations': 1,
            'sampler.fork_turn': 1,
            'sft.steps': 10, 'sft.batch_size': 32, 'sft.warmup_steps': 2,

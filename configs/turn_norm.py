@@ -4,12 +4,23 @@ RL steps x 16 start states x G = 8), 5 seeds, paired intervals at matched enviro
 Household pays only on the solving turn, so here the turn terms normalise that one reward by
 turn position (MT-GRPO's turn term is non-zero on final turns only); the exact-MDP and
 Sokoban credit-accuracy rows (experiments/agent_credit_quality.py) have per-step rewards.
+
+`:retry`: MR-Search (#31, `mr_search`: leave-one-out credit per attempt, accumulated over
+later attempts, plus the meta-episode's outcome) vs GRPO on `household_retry` (two attempts
+of 6 turns at one task, the failed one in context, "retry" opening the second), the same
+budget and expert warm start.
 """
 
 from configs import agents
 
 
-def get_config():
-  c = agents.paper('grpo:iid,mt_grpo:iid,mapo_turns:iid,memopilot:iid')
+def get_config(arg: str = ''):
+  if arg not in ('', 'retry'):
+    raise ValueError(f'configs/turn_norm.py:{arg}: valid variants are "" and retry')
+  if arg == 'retry':
+    c = agents.paper('grpo:iid,mr_search:iid')
+    c.task.name, c.task.kwargs = 'household_retry', {'attempts': 2, 'max_turns': 12}
+  else:
+    c = agents.paper('grpo:iid,mt_grpo:iid,mapo_turns:iid,memopilot:iid')
   c.seeds = (0, 1, 2, 3, 4)
   return c

@@ -1,19 +1,22 @@
 """Turn-level normalisation for multi-turn agents (issue 23's turn family): MT-GRPO (#17),
-MAPO for dialogue (#6) and MemoPilot (#42).
+MAPO for dialogue (#6), MemoPilot (#42) and MR-Search's attempt-level credit (#31).
 
 Each maps `Turns` [..., G, K] to turn advantages [..., G, K] from the environment's turn
 rewards (`turns.rewards`; the seeds' judges or tool checks are the environment here) and is
 registered, like `credit.agents`' estimators, as a token-level estimator reading
-`rollouts.turns` (`needs=('turns',)`). `TURN_NORM_ESTIMATORS` holds the turn-level
-functions (`experiments/agent_credit_quality.py` scores them).
+`rollouts.turns` (`needs=('turns',)`; `mr_search` also `'milestones'`, the attempt ends).
+`TURN_NORM_ESTIMATORS` holds the turn-level functions (`experiments/agent_credit_quality.py`
+scores them).
 """
 
+import jax
 import jax.numpy as jnp
 
-from credit.agents import (_EPS, _bucket_norm, _from_rollouts, _group_index, _grpo, _token_level,
-                           _validated, gtpo)
+from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
+                           _token_level, _validated, gtpo)
 from credit.registry import register
-from credit.turns import Turns, episode_returns
+from credit.returns import reverse_linear_scan
+from credit.turns import Turns, check_turn_shapes, episode_returns
 from trees.step_graph import map_groups
 
 
@@ -73,3 +76,57 @@ def memopilot(turns: Turns, gamma: float = 1.0, scale_by_std: bool = True, eps: 
 TURN_NORM_ESTIMATORS = {"mt_grpo": mt_grpo, "mapo_turns": mapo_turns, "memopilot": memopilot}
 for _name, _fn in TURN_NORM_ESTIMATORS.items():
   register(_name, needs=("turns",))(_from_rollouts(_name, _token_level(_fn)))
+
+
+@_validated
+def mr_search(turns: Turns, alpha: float = 1.0, beta: float = 1.0, discount: float = 1.0):
+  """MR-Search (#31; its public code's `grpo_prm_step`): a meta-episode of attempts at one task
+  (`envs.household_retry`: after a failed attempt the task restarts with the failure in
+  context), credited per attempt. Attempt s of trajectory i is the turns with
+  Σ_{j<k} `turns.milestones`_j = s (the environment's milestones are attempt ends) and its
+  reward r_{i,s} the sum of their rewards. ORM_i = R_i − mean_{j≠i} R_j (leave-one-out over
+  the group, R the episode return); A^step_{i,s} = r_{i,s} − the mean of r_{·,s} over the
+  group's other trajectories that made attempt s (0 if none did); A^cum_{i,s} =
+  Σ_{s'≥s} discount^(s'−s)·A^step_{i,s'} over i's attempts. A_k = α·ORM_i + β·A^cum_{i,s(k)}.
+  As the code: leave-one-out means without std division, α = β = discount = 1. Reading: the
+  generated self-reflection is the environment's "retry" token. Reductions (tested): one
+  attempt each, β = 0, is leave-one-out GRPO of the returns; against a plain-Python loop.
+  Returns float32 [..., G, K], 0 on untaken turns.
+  """
+  _check_unit("discount", discount)
+  check_turn_shapes(turns)
+  if turns.milestones is None:
+    raise ValueError("mr_search needs turns.milestones (the attempt ends: household_retry's "
+                     "milestones).")
+  mask = jnp.asarray(turns.turn_mask, bool)
+  rewards = jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0)
+  return _mr_search(jnp.asarray(turns.milestones, jnp.int32), rewards, mask,
+                    jnp.float32(alpha), jnp.float32(beta), jnp.float32(discount))
+
+
+def _loo(x, present):
+  """x − the mean of x over the other present entries (axis 0); 0 where alone or absent."""
+  n = jnp.sum(present, 0)
+  others = (jnp.sum(jnp.where(present, x, 0.0), 0) - x) / jnp.maximum(n - 1, 1)
+  return jnp.where(present & (n > 1), x - others, 0.0)
+
+
+@jax.jit
+def _mr_search(milestones, rewards, mask, alpha, beta, discount):
+  def one(milestones, rewards, mask):  # one group: [G, K] x 3
+    g, k = mask.shape
+    attempt = jnp.minimum(jnp.cumsum(jnp.where(mask, milestones, 0), -1) - milestones, k - 1)
+    onehot = (attempt[..., None] == jnp.arange(k)) & mask[..., None]  # [G, K turns, K attempts]
+    r = jnp.sum(jnp.where(onehot, rewards[..., None], 0.0), 1)  # [G, S]
+    present = jnp.any(onehot, 1)
+    step = _loo(r, present)
+    cum = reverse_linear_scan(step, discount * present.astype(jnp.float32))
+    orm = _loo(jnp.sum(rewards, -1), jnp.ones((g,), bool))
+    a = alpha * orm[:, None] + beta * jnp.take_along_axis(cum, attempt, -1)
+    return jnp.where(mask, a, 0.0)
+
+  return map_groups(one, mask.shape[:-2], milestones, rewards, mask)
+
+
+register("mr_search", needs=("turns", "milestones"))(
+    _from_rollouts("mr_search", _token_level(mr_search)))

@@ -4,7 +4,8 @@
 import dataclasses
 
 from envs import (addition, base, countdown, countdown_steps, exact_mdp, household,
-                  household_long, multiturn, scratchpad_addition, sokoban, token_tree, webshop)
+                  household_long, household_retry, multiturn, scratchpad_addition, sokoban,
+                  token_tree, webshop)
 
 _TASKS: dict[str, type[base.Task]] = {
     cls.name: cls for cls in (addition.Addition, countdown.Countdown, token_tree.TokenTree,
@@ -13,7 +14,8 @@ _TASKS: dict[str, type[base.Task]] = {
 }
 _ENVS: dict[str, type[multiturn.MultiTurnEnv]] = {
     cls.name: cls for cls in (sokoban.Sokoban, household.Household, exact_mdp.ExactMDP,
-                              webshop.WebShop, household_long.HouseholdLong)
+                              webshop.WebShop, household_long.HouseholdLong,
+                              household_retry.HouseholdRetry)
 }
 
 

@@ -125,3 +125,101 @@ def test_turn_norm_and_expert_trace_family_scripts_run_quick(tmp_path):
   for m in ('matchtir_iid', 'infopo_iid'):
     rows = loop.read_metrics(tmp_path / m / 'seed0' / 'metrics.jsonl')
     assert all(np.isfinite(r['loss']) for r in rows if 'reward' in r), m
+
+
+def ref_mr_search(rewards, mask, attempt, alpha, beta, discount):
+  """Loops over one group [G, K]: leave-one-out ORM of the returns plus β x the discounted
+  sum over later attempts of each attempt's leave-one-out reward."""
+  g, k = np.shape(mask)
+  n = lengths_of(mask)
+  ret = [float(np.sum(rewards[i][:n[i]], dtype=np.float64)) for i in range(g)]
+  loo = lambda x, i, rows: x[i] - np.mean([x[j] for j in rows if j != i]) if len(rows) > 1 else 0.0
+  orm = [loo(ret, i, range(g)) for i in range(g)]
+  r = {(i, s): sum(float(rewards[i][t]) for t in range(n[i]) if attempt[i][t] == s)
+       for i in range(g) for s in set(attempt[i][:n[i]])}
+  step = {}
+  for (i, s) in r:
+    rows = [j for j in range(g) if (j, s) in r]
+    step[i, s] = r[i, s] - np.mean([r[j, s] for j in rows if j != i]) if len(rows) > 1 else 0.0
+  out = np.zeros((g, k))
+  for i in range(g):
+    for t in range(n[i]):
+      s = attempt[i][t]
+      cum = sum(discount ** (u - s) * step[i, u] for (j, u) in step if j == i and u >= s)
+      out[i, t] = alpha * orm[i] + beta * cum
+  return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(turn_groups(shapes=((G, K),), batch=(2,)), st.integers(0, 2**31 - 1),
+       st.sampled_from([(1.0, 1.0, 1.0), (0.5, 2.0, 0.9), (1.0, 0.0, 1.0)]))
+def test_mr_search_matches_reference(group, seed, hp):
+  ids, rewards, mask, success = group
+  ends = np.where(mask, np.random.default_rng(seed).random(mask.shape) < 0.4, 0).astype(np.int32)
+  attempt = np.cumsum(ends, -1) - ends  # attempts counted by the ends before each turn
+  turns = Turns(ids, rewards, mask, success=success, milestones=ends)
+  got = np.asarray(tn.mr_search(turns, alpha=hp[0], beta=hp[1], discount=hp[2]))
+  for b in range(2):
+    np.testing.assert_allclose(got[b], ref_mr_search(rewards[b], mask[b], attempt[b], *hp),
+                               rtol=2e-4, atol=2e-4)
+
+
+def test_mr_search_with_one_attempt_is_leave_one_out_grpo_and_refuses_without_attempts():
+  rng = np.random.default_rng(1)
+  mask = np.arange(K) < rng.integers(1, K + 1, (G, 1))
+  rewards = np.where(mask, rng.integers(0, 2, (G, K)), 0).astype(np.float32)
+  turns = Turns(np.zeros((G, K + 1), np.int32), rewards, mask,
+                milestones=np.zeros((G, K), np.int32))
+  r = rewards.sum(-1)
+  loo = r - (r.sum() - r) / (G - 1)
+  np.testing.assert_allclose(tn.mr_search(turns, beta=0.0), np.where(mask, loo[:, None], 0.0),
+                             atol=1e-6)
+  np.testing.assert_allclose(tn.mr_search(turns), np.where(mask, 2 * loo[:, None], 0.0), atol=1e-6)
+  with pytest.raises(ValueError, match="milestones"):
+    tn.mr_search(turns.replace(milestones=None))
+  assert credit.needs("mr_search") == ("turns", "milestones")
+
+
+def test_household_retry_restarts_a_failed_attempt_with_the_failure_in_context():
+  import jax
+  import jax.numpy as jnp
+  import envs
+  from experiments.rollouts import agent_sampling as ags
+  env = envs.get_env("household_retry", attempts=2, max_turns=12)
+  state, _, _ = env.reset(jax.random.key(0), 2)
+  start = state
+  wait = [jnp.asarray(np.repeat(x[None], 2, 0)) for x in env.pad_action(["go", "hall", "<eoa>"])]
+  for t in range(6):  # the first attempt runs out of turns: the house is reset, "retry" shown
+    assert not np.asarray(env.milestones(state)).any()
+    state, obs, mask, reward, done, info = env.step(state, *wait)
+  assert np.all(np.asarray(info["attempt_end"])) and not np.asarray(done).any()
+  assert np.all(np.asarray(state.attempt) == 1) and np.all(np.asarray(state.retry))
+  assert np.all(np.asarray(obs[:, 0]) == env.token_id("retry"))
+  assert env.render(state, 0) == "retry " + env.render(start, 0)
+  np.testing.assert_array_equal(env.milestones(state), [[True, False]] * 2)
+  for f in ("loc", "holding", "obj_loc", "clean", "goal_obj"):
+    np.testing.assert_array_equal(getattr(state, f), getattr(start, f))
+  assert env.state_id(state)[0] != env.state_id(start)[0]  # the attempt is part of the state
+  # The expert solves the first attempt; its solving turn ends attempt 0 (and the episode).
+  ep = ags.expert_episodes(env, jax.random.key(1), 8)
+  assert np.all(np.asarray(ep.success)) and np.all(np.asarray(ep.lengths) <= 6)
+  ends = np.asarray(ags.milestone_turns(ep, env))
+  np.testing.assert_array_equal(ends.sum(-1), 1)
+  with pytest.raises(ValueError, match="max_turns"):
+    envs.get_env("household_retry", attempts=2, max_turns=10)
+
+
+def test_retry_family_script_runs_quick(tmp_path):
+  from configs import agents as agents_config
+  from configs import turn_norm as turn_norm_config
+  from experiments.training import compare, loop
+  cfg = agents_config.shrink(turn_norm_config.get_config('retry'),
+                             turn_norm_config.get_config('retry'))
+  cfg.progress = False
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
+  summary = compare.run_experiment(cfg, str(tmp_path))
+  assert sorted(summary['methods']) == ['grpo:iid', 'mr_search:iid']
+  rows = [r for r in loop.read_metrics(tmp_path / 'mr_search_iid' / 'seed0' / 'metrics.jsonl')
+          if 'reward' in r]
+  assert rows and all(np.isfinite(r['loss']) for r in rows)
+  assert all(7 <= r['turns'] <= 12 for r in rows)  # an unsolved first attempt is retried
