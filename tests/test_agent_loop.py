@@ -341,14 +341,17 @@ def quick_agents_cfg(methods):
 
 def test_quick_agents_comparison_end_to_end(tmp_path, capsys):
   # cast needs the solver values the loop adds; tree_grpo the forks; ppo_turns the learned
-  # critic's values at turn boundaries; taura the teacher-forced entropies of the actions
-  # (beacon, household's milestones: test_household_long; the answer probes igpo reads:
-  # test_tool_credit's family run, which computes them for taco_tools and ica).
-  cfg = quick_agents_cfg('grpo:iid,cast:iid,tree_grpo:tree_turns,ppo_turns:iid,taura:iid')
+  # critic's values at turn boundaries; taura the teacher-forced entropies of the actions;
+  # rebel household's milestones and the observations' log-probs (the answer probes igpo
+  # reads: test_tool_credit's family run, which computes them for taco_tools and ica).
+  methods = ('grpo:iid', 'cast:iid', 'tree_grpo:tree_turns', 'ppo_turns:iid', 'taura:iid',
+             'rebel:iid')
+  cfg = quick_agents_cfg(','.join(methods))
   summary = compare.run_experiment(cfg, str(tmp_path))
   out = capsys.readouterr().out
   assert 'environment steps' in out and 'taura:iid' in out
-  for method in ('grpo:iid', 'cast:iid', 'tree_grpo:tree_turns', 'ppo_turns:iid', 'taura:iid'):
+  first = {}
+  for method in methods:
     rows = loop.read_metrics(os.path.join(compare.run_dir(str(tmp_path), method, 0),
                                           'metrics.jsonl'))
     train = [r for r in rows if 'reward' in r]
@@ -366,10 +369,13 @@ def test_quick_agents_comparison_end_to_end(tmp_path, capsys):
     assert 'greedy_acc' in rows[-1] and 'eval_return' in rows[-1]
     assert all(('critic/vf_loss' in r) == (method == 'ppo_turns:iid') for r in train)
     assert all(np.isfinite(r.get('critic/vf_loss', 0.0)) for r in train)
+    first[method] = train[0]
+  # No episode of the first batch succeeds: GRPO's advantages are 0, ReBel's belief term not.
+  assert first['grpo:iid']['success'] == 0 and first['grpo:iid']['loss'] == 0
+  assert first['rebel:iid']['reward'] == 0 and first['rebel:iid']['loss'] != 0
   s = json.load(open(tmp_path / 'summary.json'))
   assert np.isfinite(s['matched_tokens']['budget_env_steps'])
-  assert set(s['paired']['by_method']) == {'cast:iid', 'tree_grpo:tree_turns', 'ppo_turns:iid',
-                                           'taura:iid'}
+  assert set(s['paired']['by_method']) == set(methods) - {'grpo:iid'}
   # Forks copy their chain's first turns: fewer generated tokens than i.i.d. rollouts.
   assert (s['methods']['tree_grpo:tree_turns'][0]['generated_tokens_total']
           < s['methods']['grpo:iid'][0]['generated_tokens_total'])

@@ -153,7 +153,7 @@ def test_unknown_command_line_field_names_the_valid_ones():
 PAPERS = {'spo': ('spo_tree', 'spo_chain'), 'treerl': ('treerl',), 'treepo': ('treepo',),
           'tree_grpo': ('tree_grpo',), 'qae': ('qae',), 'ngrpo': ('ngrpo',),
           'passk': ('passk',), 'frpo': ('frpo',), 'ppo': ('ppo', 'tempo'),
-          'milestones': ('beacon',)}
+          'milestones': ('beacon', 'rebel')}
 
 
 @pytest.mark.parametrize('paper', sorted(PAPERS))

@@ -328,6 +328,8 @@ def test_feedback_logprobs_equal_teacher_forcing_of_each_observation():
   assert np.all(got[turn_mask] < 0)
 
 
+@pytest.mark.slow  # ~65 s; ReBel's loop path (milestones, observation log-probs) is in
+# test_agent_loop's agents run
 def test_milestone_family_script_runs_quick(tmp_path):
   """configs/milestones.py (household) through the loop: BEACON and ReBel read the milestones
   and observation log-probs the loop fills."""

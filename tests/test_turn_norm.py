@@ -209,6 +209,29 @@ def test_household_retry_restarts_a_failed_attempt_with_the_failure_in_context()
     envs.get_env("household_retry", attempts=2, max_turns=10)
 
 
+def test_mr_search_trains_on_household_retry_through_the_loop(tmp_path):
+  """From a random start (no warm start: every attempt fails and is retried) the loop fills the
+  attempt ends (milestones) mr_search reads (it raises without them); with no success in the
+  batch every reward, so every advantage and the policy loss, is 0. The estimator's numbers:
+  the reference tests above; with successes: the family run below (slow)."""
+  import jax
+  from configs import agents as agents_config
+  from configs import turn_norm as turn_norm_config
+  from experiments.models import decoder
+  from experiments.training import loop
+  cfg = agents_config.shrink(turn_norm_config.get_config('retry'),
+                             turn_norm_config.get_config('retry'))
+  cfg.progress, cfg.quick = False, False
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
+  params0 = decoder.init_params(jax.random.PRNGKey(0), loop.build_problem(cfg).pcfg)
+  loop.train(cfg, str(tmp_path), params0, method='mr_search:iid')
+  rows = [r for r in loop.read_metrics(tmp_path / 'metrics.jsonl') if 'reward' in r]
+  assert len(rows) == 1 and np.isfinite(rows[0]['loss'])
+  assert rows[0]['turns'] == 12 and rows[0]['success'] == 0  # both attempts, all failed
+  assert rows[0]['loss'] == 0 and rows[0]['frac_groups_with_signal'] == 0
+
+
+@pytest.mark.slow  # ~60 s; mr_search's loop path: the test above
 def test_retry_family_script_runs_quick(tmp_path):
   from configs import agents as agents_config
   from configs import turn_norm as turn_norm_config
