@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from envs import multiturn
-from envs.household import NUM_OBJ, NUM_REC, Household, HouseholdState
+from envs.household import NUM_REC, Household, HouseholdState
 
 RETRY = "retry"
 
