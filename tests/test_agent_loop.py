@@ -3,7 +3,6 @@ estimators over whole trajectories (TEMPO, Tree-GRPO over turns) against plain-P
 references, IGPO and its answer probes, the household solver, packing, and the quick
 agents comparison end to end."""
 
-import functools
 import json
 import os
 
@@ -15,7 +14,6 @@ import pytest
 import credit
 import reference_tree
 import reference_trie
-import trees
 from configs import agents as agents_config
 from credit import agents
 from credit.turns import Turns

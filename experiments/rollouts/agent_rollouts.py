@@ -29,7 +29,6 @@ tokens only, like `logprobs`.
 """
 
 import functools
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
