@@ -4,7 +4,7 @@ MAPO for dialogue (#6), MemoPilot (#42) and MR-Search's attempt-level credit (#3
 Each maps `Turns` [..., G, K] to turn advantages [..., G, K] from the environment's turn
 rewards (`turns.rewards`; the seeds' judges or tool checks are the environment here) and is
 registered, like `credit.agents`' estimators, as a token-level estimator reading
-`rollouts.turns` (`needs=('turns',)`; `mr_search` also `'milestones'`, the attempt ends).
+`rollouts.turns` (`needs=('turns',)`; `mr_search` also `'attempts'`).
 `TURN_NORM_ESTIMATORS` holds the turn-level functions (`experiments/agent_credit_quality.py`
 scores them).
 """
@@ -82,9 +82,8 @@ for _name, _fn in TURN_NORM_ESTIMATORS.items():
 def mr_search(turns: Turns, alpha: float = 1.0, beta: float = 1.0, discount: float = 1.0):
   """MR-Search (#31; its public code's `grpo_prm_step`): a meta-episode of attempts at one task
   (`envs.household_retry`: after a failed attempt the task restarts with the failure in
-  context), credited per attempt. Attempt s of trajectory i is the turns with
-  Σ_{j<k} `turns.milestones`_j = s (the environment's milestones are attempt ends) and its
-  reward r_{i,s} the sum of their rewards. ORM_i = R_i − mean_{j≠i} R_j (leave-one-out over
+  context), credited per attempt. Attempt s of trajectory i is its turns with
+  `turns.attempts` = s, and its reward r_{i,s} the sum of their rewards. ORM_i = R_i − mean_{j≠i} R_j (leave-one-out over
   the group, R the episode return); A^step_{i,s} = r_{i,s} − the mean of r_{·,s} over the
   group's other trajectories that made attempt s (0 if none did); A^cum_{i,s} =
   Σ_{s'≥s} discount^(s'−s)·A^step_{i,s'} over i's attempts. A_k = α·ORM_i + β·A^cum_{i,s(k)}.
@@ -95,12 +94,12 @@ def mr_search(turns: Turns, alpha: float = 1.0, beta: float = 1.0, discount: flo
   """
   _check_unit("discount", discount)
   check_turn_shapes(turns)
-  if turns.milestones is None:
-    raise ValueError("mr_search needs turns.milestones (the attempt ends: household_retry's "
-                     "milestones).")
+  if turns.attempts is None:
+    raise ValueError("mr_search needs turns.attempts (the attempt of each turn in a meta-episode "
+                     "of retries; the loop fills them on household_retry).")
   mask = jnp.asarray(turns.turn_mask, bool)
   rewards = jnp.where(mask, jnp.asarray(turns.rewards, jnp.float32), 0.0)
-  return _mr_search(jnp.asarray(turns.milestones, jnp.int32), rewards, mask,
+  return _mr_search(jnp.asarray(turns.attempts, jnp.int32), rewards, mask,
                     jnp.float32(alpha), jnp.float32(beta), jnp.float32(discount))
 
 
@@ -112,10 +111,10 @@ def _loo(x, present):
 
 
 @jax.jit
-def _mr_search(milestones, rewards, mask, alpha, beta, discount):
-  def one(milestones, rewards, mask):  # one group: [G, K] x 3
+def _mr_search(attempts, rewards, mask, alpha, beta, discount):
+  def one(attempts, rewards, mask):  # one group: [G, K] x 3
     g, k = mask.shape
-    attempt = jnp.minimum(jnp.cumsum(jnp.where(mask, milestones, 0), -1) - milestones, k - 1)
+    attempt = jnp.clip(attempts, 0, k - 1)  # at most K attempts of one turn each
     onehot = (attempt[..., None] == jnp.arange(k)) & mask[..., None]  # [G, K turns, K attempts]
     r = jnp.sum(jnp.where(onehot, rewards[..., None], 0.0), 1)  # [G, S]
     present = jnp.any(onehot, 1)
@@ -125,8 +124,8 @@ def _mr_search(milestones, rewards, mask, alpha, beta, discount):
     a = alpha * orm[:, None] + beta * jnp.take_along_axis(cum, attempt, -1)
     return jnp.where(mask, a, 0.0)
 
-  return map_groups(one, mask.shape[:-2], milestones, rewards, mask)
+  return map_groups(one, mask.shape[:-2], attempts, rewards, mask)
 
 
-register("mr_search", needs=("turns", "milestones"))(
+register("mr_search", needs=("turns", "attempts"))(
     _from_rollouts("mr_search", _token_level(mr_search)))

@@ -56,6 +56,9 @@ class Turns:
       observation (the feedback its action got) given the history through action k: how well
       its own prediction of the next observation agreed with what came (ReBel's belief
       consistency), or None. Read on taken turns.
+    attempts: int32 [..., G, K], the attempt (0, 1, ...) turn k belongs to when an episode is a
+      meta-episode of retries at one task (MR-Search; `envs.household_retry`), or None.
+      Non-decreasing over taken turns.
   """
 
   state_ids: jax.Array
@@ -72,6 +75,7 @@ class Turns:
   tool_probes: Optional[jax.Array] = None
   evidence_probes: Optional[jax.Array] = None
   feedback_logprobs: Optional[jax.Array] = None
+  attempts: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:
@@ -220,6 +224,11 @@ def check_turn_shapes(turns: Turns):
                               or not jnp.issubdtype(_array(value).dtype, jnp.floating)):
       raise ValueError(f"{name} must be floats of turn_mask's shape {turn_mask.shape}; "
                        f"got {_array(value).dtype} {_array(value).shape}.")
+  if turns.attempts is not None:
+    attempts = _array(turns.attempts)
+    if attempts.shape != turn_mask.shape or not jnp.issubdtype(attempts.dtype, jnp.integer):
+      raise ValueError(f"attempts must be integers of turn_mask's shape {turn_mask.shape}; "
+                       f"got {attempts.dtype} {attempts.shape}.")
   if turns.milestones is not None:
     milestones = _array(turns.milestones)
     if milestones.shape != turn_mask.shape or not jnp.issubdtype(milestones.dtype,
@@ -244,7 +253,7 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
   values_star and solver_steps finite and answer_logprobs not NaN or +inf on the states a
   trajectory visits (`check_state_values`), tool_probes and evidence_probes not NaN or +inf
   on the turns a taken turn follows, feedback_logprobs not NaN or +inf on taken turns;
-  token_turn in [-1, K) and only
+  attempts >= 0 and non-decreasing on taken turns; token_turn in [-1, K) and only
   pointing at taken turns. With `rollouts` (a `credit.Rollouts`, or anything
   with a `mask` [..., G, L]), token_turn must have the tokens' shape and be -1
   on masked tokens. Every turn estimator of `credit.agents` runs it on its
@@ -302,6 +311,12 @@ def validate_turns(turns: Turns, rollouts=None) -> Turns:
     if np.any(bad):
       raise ValueError(f"feedback_logprobs must be log-probabilities (finite or -inf) on "
                        f"taken turns; feedback_logprobs{list(_first(bad))} = {v[_first(bad)]}.")
+  if turns.attempts is not None and _concrete(turns.attempts, mask):
+    a, m = np.asarray(turns.attempts), np.asarray(mask, bool)
+    step = np.diff(a, axis=-1) >= 0
+    if np.any(m & (a < 0)) or np.any(m[..., 1:] & ~step):
+      raise ValueError("attempts must be >= 0 and non-decreasing over each trajectory's taken "
+                       "turns (the attempt each turn belongs to).")
   if turns.milestones is not None and _concrete(turns.milestones, mask):
     if np.any(np.asarray(turns.milestones)[np.asarray(mask, bool)] < 0):
       raise ValueError("milestones must be >= 0 on taken turns (a count of sub-goals).")

@@ -10,8 +10,8 @@ failed attempt stays in their context). Everything else is `envs.household`: act
 observation words, the expert (which solves the first attempt) and the gold answer.
 
 `milestones(state)`: bool [n, attempts], attempt j has ended (failed, or ended the
-meta-episode). The loop's `Turns.milestones` then count, on each turn, the attempts it
-ends, so Σ_{j<k} milestones_j is turn k's attempt (`credit.turn_norm.mr_search`).
+meta-episode): the loop counts, on each turn, the attempts it ends, and fills
+`Turns.attempts` (Σ_{j<k} of those counts: turn k's attempt) for `credit.turn_norm.mr_search`.
 `state_id` includes the attempt. Info adds "attempt_end" bool [n] (the turn ended an
 attempt).
 """

@@ -156,28 +156,40 @@ def ref_mr_search(rewards, mask, attempt, alpha, beta, discount):
 def test_mr_search_matches_reference(group, seed, hp):
   ids, rewards, mask, success = group
   ends = np.where(mask, np.random.default_rng(seed).random(mask.shape) < 0.4, 0).astype(np.int32)
-  attempt = np.cumsum(ends, -1) - ends  # attempts counted by the ends before each turn
-  turns = Turns(ids, rewards, mask, success=success, milestones=ends)
+  attempt = np.where(mask, np.cumsum(ends, -1) - ends, 0)  # counted by the ends before each turn
+  turns = Turns(ids, rewards, mask, success=success, attempts=attempt.astype(np.int32))
   got = np.asarray(tn.mr_search(turns, alpha=hp[0], beta=hp[1], discount=hp[2]))
   for b in range(2):
     np.testing.assert_allclose(got[b], ref_mr_search(rewards[b], mask[b], attempt[b], *hp),
                                rtol=2e-4, atol=2e-4)
 
 
-def test_mr_search_with_one_attempt_is_leave_one_out_grpo_and_refuses_without_attempts():
+def test_mr_search_with_one_attempt_is_leave_one_out_grpo_and_refuses_bad_attempts():
   rng = np.random.default_rng(1)
   mask = np.arange(K) < rng.integers(1, K + 1, (G, 1))
   rewards = np.where(mask, rng.integers(0, 2, (G, K)), 0).astype(np.float32)
   turns = Turns(np.zeros((G, K + 1), np.int32), rewards, mask,
-                milestones=np.zeros((G, K), np.int32))
+                attempts=np.zeros((G, K), np.int32))
   r = rewards.sum(-1)
   loo = r - (r.sum() - r) / (G - 1)
   np.testing.assert_allclose(tn.mr_search(turns, beta=0.0), np.where(mask, loo[:, None], 0.0),
                              atol=1e-6)
   np.testing.assert_allclose(tn.mr_search(turns), np.where(mask, 2 * loo[:, None], 0.0), atol=1e-6)
-  with pytest.raises(ValueError, match="milestones"):
-    tn.mr_search(turns.replace(milestones=None))
-  assert credit.needs("mr_search") == ("turns", "milestones")
+  with pytest.raises(ValueError, match="attempts"):
+    tn.mr_search(turns.replace(attempts=None))
+  with pytest.raises(ValueError, match="non-decreasing"):
+    tn.mr_search(turns.replace(turn_mask=np.ones((G, K), bool),
+                               attempts=np.array([[1, 0, 0]] * G, np.int32)))
+  assert credit.needs("mr_search") == ("turns", "attempts")
+  # The loop refuses attempt credit on an environment without retries (household's milestones
+  # are sub-goals, not attempt ends).
+  import types
+  from envs.household import Household
+  from experiments.rollouts import agent_rollouts
+  fake = types.SimpleNamespace(env=Household(), num_turns=K)
+  samples = types.SimpleNamespace(turns=turns, episodes=None)
+  with pytest.raises(ValueError, match="household_retry"):
+    agent_rollouts.AgentProblem.turns(fake, None, None, samples, needs=("turns", "attempts"))
 
 
 def test_household_retry_restarts_a_failed_attempt_with_the_failure_in_context():
@@ -211,7 +223,7 @@ def test_household_retry_restarts_a_failed_attempt_with_the_failure_in_context()
 
 def test_mr_search_trains_on_household_retry_through_the_loop(tmp_path):
   """From a random start (no warm start: every attempt fails and is retried) the loop fills the
-  attempt ends (milestones) mr_search reads (it raises without them); with no success in the
+  attempts mr_search reads (it raises without them); with no success in the
   batch every reward, so every advantage and the policy loss, is 0. The estimator's numbers:
   the reference tests above; with successes: the family run below (slow)."""
   import jax

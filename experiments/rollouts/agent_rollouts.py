@@ -231,8 +231,8 @@ class AgentProblem:
 
   def turns(self, params, draw: Draw, samples: AgentSamples, needs=()) -> credit.Turns:
     """The samples' `credit.Turns`, with values_star / solver_steps / milestones /
-    info_gains / feedback_logprobs / expert_matches / answer_logprobs / tool_probes /
-    evidence_probes if in `needs` (the gold answer, `env.answer`, is fixed by the group's
+    info_gains / feedback_logprobs / attempts / expert_matches / answer_logprobs /
+    tool_probes / evidence_probes if in `needs` (the gold answer, `env.answer`, is fixed by the group's
     start state)."""
     turns, e = samples.turns, samples.episodes
     if 'values_star' in needs:
@@ -246,6 +246,12 @@ class AgentProblem:
       gains = ags.info_gains(params, self.pcfg, self.env, e.tokens, e.policy_mask, pad,
                              num_turns=self.num_turns)
       turns = turns.replace(info_gains=jnp.where(e.turn_mask, gains, 0.0))
+    if 'attempts' in needs:  # MR-Search: the attempt ends are the retry env's milestones
+      if not hasattr(self.env, 'attempts'):
+        raise ValueError(f'environment {self.env.name!r} has no attempts; attempt credit '
+                         f'(mr_search) needs a meta-episode of retries (household_retry)')
+      ends = ags.milestone_turns(e, self.env)
+      turns = turns.replace(attempts=jnp.where(e.turn_mask, jnp.cumsum(ends, -1) - ends, 0))
     if 'feedback_logprobs' in needs:  # ReBel: one teacher-forced pass
       pad = self.lm_ids(jnp.asarray(self.env.pad_id, jnp.int32))
       turns = turns.replace(feedback_logprobs=ags.feedback_logprobs(
