@@ -1,4 +1,4 @@
-"""Milestone and hierarchical turn credit (BEACON) vs GRPO on household.
+"""Milestone, phase and hierarchical turn credit (BEACON, ReBel, HiPER) vs GRPO on household.
 
     python -m experiments.milestones [--config.quick=True] [--workdir=/tmp/treecredit/milestones]
 

@@ -1,9 +1,11 @@
-"""Turn-level normalisation (MT-GRPO, MAPO for dialogue, MemoPilot) vs GRPO on household.
+"""Turn-level normalisation (MT-GRPO, MAPO for dialogue, MemoPilot) vs GRPO on household, and
+MR-Search's attempt credit on household_retry (`:retry`).
 
     python -m experiments.turn_norm [--config.quick=True] [--workdir=/tmp/treecredit/milestones]
+    python -m experiments.turn_norm --config=configs/turn_norm.py:retry [--workdir=...]
 
 Methods, environment and budget: configs/turn_norm.py (the GRPO runs are those of
-configs/milestones.py: pass its workdir to share them). Shared machinery:
+configs/milestones.py: pass its workdir to share them; `:retry` has its own). Shared machinery:
 experiments/training/compare.py.
 """
 
