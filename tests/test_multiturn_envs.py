@@ -422,7 +422,8 @@ def test_household_expert_plans_solve():
 
 def test_environments_by_name():
   import envs
-  assert envs.env_names() == ("exact_mdp", "household", "household_long", "sokoban", "webshop")
+  assert envs.env_names() == ("exact_mdp", "household", "household_long", "household_retry",
+                             "sokoban", "webshop")
   assert envs.get_env("sokoban", height=5) == envs.Sokoban(height=5)
   with pytest.raises(ValueError, match="unknown environment 'maze'; valid names: exact_mdp"):
     envs.get_env("maze")
