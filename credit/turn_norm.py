@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
                            _token_level, _validated, gtpo)
+from credit.groups import loo_centred
 from credit.registry import register
 from credit.returns import reverse_linear_scan
 from credit.turns import Turns, check_turn_shapes, episode_returns
@@ -103,24 +104,17 @@ def mr_search(turns: Turns, alpha: float = 1.0, beta: float = 1.0, discount: flo
                     jnp.float32(alpha), jnp.float32(beta), jnp.float32(discount))
 
 
-def _loo(x, present):
-  """x − the mean of x over the other present entries (axis 0); 0 where alone or absent."""
-  n = jnp.sum(present, 0)
-  others = (jnp.sum(jnp.where(present, x, 0.0), 0) - x) / jnp.maximum(n - 1, 1)
-  return jnp.where(present & (n > 1), x - others, 0.0)
-
-
 @jax.jit
 def _mr_search(attempts, rewards, mask, alpha, beta, discount):
   def one(attempts, rewards, mask):  # one group: [G, K] x 3
-    g, k = mask.shape
+    k = mask.shape[-1]
     attempt = jnp.clip(attempts, 0, k - 1)  # at most K attempts of one turn each
     onehot = (attempt[..., None] == jnp.arange(k)) & mask[..., None]  # [G, K turns, K attempts]
     r = jnp.sum(jnp.where(onehot, rewards[..., None], 0.0), 1)  # [G, S]
     present = jnp.any(onehot, 1)
-    step = _loo(r, present)
+    step = jnp.where(present, loo_centred(r.T, present.T).T, 0.0)  # over the group, per attempt
     cum = reverse_linear_scan(step, discount * present.astype(jnp.float32))
-    orm = _loo(jnp.sum(rewards, -1), jnp.ones((g,), bool))
+    orm = loo_centred(jnp.sum(rewards, -1))
     a = alpha * orm[:, None] + beta * jnp.take_along_axis(cum, attempt, -1)
     return jnp.where(mask, a, 0.0)
 

@@ -232,8 +232,8 @@ class AgentProblem:
   def turns(self, params, draw: Draw, samples: AgentSamples, needs=()) -> credit.Turns:
     """The samples' `credit.Turns`, with values_star / solver_steps / milestones /
     info_gains / feedback_logprobs / attempts / expert_matches / answer_logprobs /
-    tool_probes / evidence_probes if in `needs` (the gold answer, `env.answer`, is fixed by the group's
-    start state)."""
+    tool_probes / evidence_probes if in `needs` (the gold answer, `env.answer`, is fixed by
+    the group's start state). Masked observations are `self.pad_id` (the policy's padding)."""
     turns, e = samples.turns, samples.episodes
     if 'values_star' in needs:
       turns = turns.replace(values_star=ags.solver_values(e, self.env, self.gamma))
@@ -242,8 +242,7 @@ class AgentProblem:
     if 'milestones' in needs:
       turns = turns.replace(milestones=ags.milestone_turns(e, self.env))
     if 'info_gains' in needs:  # InfoPO: K + 1 teacher-forced passes, feedback masked
-      pad = self.lm_ids(jnp.asarray(self.env.pad_id, jnp.int32))
-      gains = ags.info_gains(params, self.pcfg, self.env, e.tokens, e.policy_mask, pad,
+      gains = ags.info_gains(params, self.pcfg, self.env, e.tokens, e.policy_mask, self.pad_id,
                              num_turns=self.num_turns)
       turns = turns.replace(info_gains=jnp.where(e.turn_mask, gains, 0.0))
     if 'attempts' in needs:  # MR-Search: the attempt ends are the retry env's milestones
@@ -253,9 +252,9 @@ class AgentProblem:
       ends = ags.milestone_turns(e, self.env)
       turns = turns.replace(attempts=jnp.where(e.turn_mask, jnp.cumsum(ends, -1) - ends, 0))
     if 'feedback_logprobs' in needs:  # ReBel: one teacher-forced pass
-      pad = self.lm_ids(jnp.asarray(self.env.pad_id, jnp.int32))
       turns = turns.replace(feedback_logprobs=ags.feedback_logprobs(
-          params, self.pcfg, self.env, e.tokens, e.turn_mask, pad, num_turns=self.num_turns))
+          params, self.pcfg, self.env, e.tokens, e.turn_mask, self.pad_id,
+          num_turns=self.num_turns))
     if 'expert_matches' in needs:
       if not hasattr(self.env, 'expert_action'):
         raise ValueError(f'environment {self.env.name!r} has no expert (env.expert_action); '
@@ -276,11 +275,10 @@ class AgentProblem:
       answer, mask = (jnp.repeat(x[:, None], g, 1) for x in (answer, mask))
       turns = turns.replace(answer_logprobs=ags.answer_logprobs(
           params, self.pcfg, self.env, e.tokens, answer, mask, num_turns=self.num_turns))
-      pad = self.lm_ids(jnp.asarray(self.env.pad_id, jnp.int32))
       for field, at in (('tool_probes', 'next'), ('evidence_probes', 'last')):
         if field in probes:  # K more teacher-forced passes each
           turns = turns.replace(**{field: ags.masked_answer_logprobs(
-              params, self.pcfg, self.env, e.tokens, answer, mask, e.turn_mask, pad, at=at,
+              params, self.pcfg, self.env, e.tokens, answer, mask, e.turn_mask, self.pad_id, at=at,
               num_turns=self.num_turns)})
     return turns
 
