@@ -34,8 +34,13 @@ def get_config() -> ml_collections.ConfigDict:
   # pretrained LM ('smollm2', a .gguf file, a Hugging Face directory) reading the
   # environment's words as its own tokens (lm_aliases: one-token spellings, see
   # experiments/rollouts/agent_rollouts.py); lm_dtype its compute dtype.
+  # experience_slots > 0: the environment inside SLEA-RL's experience wrapper (envs/experience.py:
+  # observations followed by the library's hints for their cluster, 'observation' or 'state'),
+  # whose library the 'experience' sampler fills; 0: the environment itself.
   c.agent = ml_collections.ConfigDict(dict(num_turns=0, gamma=0.95, lm_source='',
-                                           lm_dtype='float32', lm_aliases={}))
+                                           lm_dtype='float32', lm_aliases={},
+                                           experience_slots=0,
+                                           experience_cluster='observation'))
   c.model = ml_collections.ConfigDict(dict(d_model=64, num_layers=2, num_heads=4, d_ff=192))
   c.sampler.update(group_size=8, num_chains=4, num_continuations=1)
   c.sampler.fork_turn = 2

@@ -26,9 +26,11 @@ import ml_collections
 # every response forked at its l-th step boundary, level by level; experiments/rollouts/
 # step_forks.py; 'knapsack': B·G i.i.d. responses shared out by the prompts' pass rates,
 # groups of varying size, experiments/rollouts/knapsack.py; 'tree_branching': tree_entropy's
-# layout, forks at APPO's Branching Score, experiments/rollouts/branching.py).
+# layout, forks at APPO's Branching Score, experiments/rollouts/branching.py; 'experience':
+# multi-turn only, G i.i.d. trajectories reading SLEA-RL's step-level experience library,
+# envs/experience.py and experiments/training/experience.py).
 SAMPLERS = ('iid', 'tree_fixed', 'tree_entropy', 'tree_cutpoints', 'tree_turns', 'lagged',
-            'hinted', 'tree_bisect', 'tree_steps', 'knapsack', 'tree_branching')
+            'hinted', 'tree_bisect', 'tree_steps', 'knapsack', 'tree_branching', 'experience')
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -61,7 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
       branch_window=8, branch_candidates=0,  # tree_branching (APPO #35): 0 = 4 per fork
       num_rounds=2,                  # tree_bisect: G = N (1 + rounds C)
       num_levels=2,                  # tree_steps: G = N (1 + C)^levels
-      cut_threshold=0.9, cut_every=1))  # tree_cutpoints (SPO-chain): same G as tree_entropy
+      cut_threshold=0.9, cut_every=1,  # tree_cutpoints (SPO-chain): same G as tree_entropy
+      # experience (SLEA-RL #46): a strategy enters at success rate >= admit over >= min_count
+      # turns, at most max_new entries of each kind a step, its score an EMA with weight ema
+      admit=0.5, min_count=2, max_new=32, ema=0.5))
 
   c.credit = ml_collections.ConfigDict(dict(name='grpo', hparams={}))
 

@@ -9,15 +9,25 @@ Sokoban credit-accuracy rows (experiments/agent_credit_quality.py) have per-step
 later attempts, plus the meta-episode's outcome) vs GRPO on `household_retry` (two attempts
 of 6 turns at one task, the failed one in context, "retry" opening the second), the same
 budget and expert warm start.
+
+`:slea`: SLEA-RL (#46) on household inside the experience wrapper (envs/experience.py: every
+observation followed by the library's strategy and failure pattern for its cluster, the
+observation): `gigpo:experience` (the library, filled by sampler 'experience', plus GiGPO's
+step credit over the same clusters) against `grpo:iid` and `gigpo:iid` on the same wrapped
+environment with the library left empty (no hints: it isolates the library), the same budget;
+the warm start imitates the expert with no hints shown.
 """
 
 from configs import agents
 
 
 def get_config(arg: str = ''):
-  if arg not in ('', 'retry'):
-    raise ValueError(f'configs/turn_norm.py:{arg}: valid variants are "" and retry')
-  if arg == 'retry':
+  if arg not in ('', 'retry', 'slea'):
+    raise ValueError(f'configs/turn_norm.py:{arg}: valid variants are "", retry and slea')
+  if arg == 'slea':
+    c = agents.paper('grpo:iid,gigpo:iid,gigpo:experience')
+    c.agent.experience_slots = 2048
+  elif arg == 'retry':
     c = agents.paper('grpo:iid,mr_search:iid')
     c.task.name, c.task.kwargs = 'household_retry', {'attempts': 2, 'max_turns': 12}
   else:

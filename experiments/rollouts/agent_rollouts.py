@@ -6,12 +6,15 @@ for a multi-turn environment (`envs.get_env`) played by the decoder policy throu
   draw(key, step, n)        -> Draw: n fresh episodes (`env.reset`); the prompt of a
                                group is its start state's observation [n, O];
   sample(params, scfg, key, draw) -> AgentSamples [n, G, ...]: 'iid' (G trajectories per
-                               start state) or 'tree_turns' (chains forked at a turn
-                               boundary by copying env state and KV cache);
+                               start state), 'tree_turns' (chains forked at a turn
+                               boundary by copying env state and KV cache) or 'experience'
+                               ('iid' reading SLEA-RL's library, `library=`);
+  learn(library, samples, scfg) -> the experience library after a batch, and its metrics
+                               (cfg.agent.experience_slots > 0: `envs.experience`);
   rewards(draw, samples)    -> (episode returns [n, G], metrics);
   turns(params, draw, samples, needs) -> `credit.Turns`, with solver values (CAST) or answer
                                probes (IGPO) when the estimator needs them;
-  evaluate(params, ecfg)    -> greedy success rate ('greedy_acc'), mean return,
+  evaluate(params, ecfg[, library]) -> greedy success rate ('greedy_acc'), mean return,
                                pass@k of k sampled episodes, on fixed held-out episodes;
   demonstrations(key, n)    -> the environment's expert episodes, for the SFT warm start.
 
@@ -37,11 +40,13 @@ from flax import struct
 
 import credit
 import envs
+from envs import experience as exp_env
 from experiments.rollouts import agent_sampling as ags
 from experiments.models import decoder, pretrained
 from experiments.rollouts.text_rollouts import Draw, loading_mesh
+from experiments.training import experience as exp_lib
 
-SAMPLERS = ('iid', 'tree_turns')
+SAMPLERS = ('iid', 'tree_turns', 'experience')
 # Environment words a pretrained tokenizer splits into several tokens, spelled as words it
 # keeps whole (SmolLM2's BPE: " mug" is two tokens, " cup" one); cfg.agent.lm_aliases adds more.
 LM_ALIASES = {
@@ -148,6 +153,11 @@ def _reset(key, *, env, n):
   return env.reset(key, n)
 
 
+@functools.partial(jax.jit, static_argnames=('env',))
+def _attach(start, library, *, env):
+  return env.with_library(start, library)
+
+
 @functools.partial(jax.jit, static_argnames=('env', 'n', 'num_turns'))
 def _demos(key, *, env, n, num_turns):
   episodes = ags.expert_episodes(env, key, n, num_turns=num_turns)
@@ -182,6 +192,14 @@ class AgentProblem:
 
   def __init__(self, cfg):
     self.env = env = envs.get_env(cfg.task.name, **dict(cfg.task.kwargs))
+    slots = int(cfg.agent.get('experience_slots', 0))
+    if slots:  # SLEA-RL: observations followed by the experience library's hints
+      if cfg.agent.lm_source:
+        raise ValueError('agent.experience_slots > 0 (the experience wrapper) is built for '
+                         'the toy decoder on the environment\'s vocabulary; set '
+                         'agent.lm_source=""')
+      self.env = env = exp_env.ExperienceEnv(
+          inner=env, slots=slots, cluster=cfg.agent.get('experience_cluster', 'observation'))
     self.num_turns = ags.num_turns_of(env, cfg.agent.num_turns or None)
     self.gamma = float(cfg.agent.gamma)
     max_len = ags.sequence_length(env, self.num_turns)
@@ -208,12 +226,16 @@ class AgentProblem:
     return Draw(prompts, None, jnp.arange(n, dtype=jnp.int32) + step * n,
                 (state, obs, obs_mask))
 
-  def sample(self, params, scfg, key, draw: Draw, temperature=None) -> AgentSamples:
-    """G trajectories from each of the draw's start states (sampler scfg.name)."""
+  def sample(self, params, scfg, key, draw: Draw, temperature=None,
+             library=None) -> AgentSamples:
+    """G trajectories from each of the draw's start states (sampler scfg.name; 'experience'
+    with the experience library `library` attached to them)."""
     temperature = scfg.temperature if temperature is None else temperature
     n = draw.prompts.shape[0]
     kw = dict(num_turns=self.num_turns, start=draw.handle, vocab=self.vocab)
-    if scfg.name == 'iid':
+    if scfg.name == 'experience':
+      kw['start'] = _attach(draw.handle, self._library(library), env=self.env)
+    if scfg.name in ('iid', 'experience'):
       episodes = ags.sample_episodes(params, self.pcfg, self.env, key, n, scfg.group_size,
                                      temperature, **kw)
     elif scfg.name == 'tree_turns':
@@ -223,6 +245,29 @@ class AgentProblem:
       raise ValueError(f'sampler {scfg.name!r} does not play multi-turn environments; '
                        f'valid: {", ".join(SAMPLERS)}')
     return split_prompt(episodes, self.env)[1]
+
+  def _library(self, library):
+    if not isinstance(self.env, exp_env.ExperienceEnv):
+      raise ValueError("sampler 'experience' (SLEA-RL) reads an experience library, which "
+                       "needs the environment in its wrapper: set agent.experience_slots "
+                       "(e.g. 2048)")
+    return self.env.empty() if library is None else library
+
+  def empty_library(self):
+    """The experience library before any step (sampler 'experience')."""
+    return self._library(None)
+
+  def learn(self, library, samples: AgentSamples, scfg):
+    """(library after the batch, metrics): SLEA-RL's admission, eviction and rate limit
+    (`experiments/training/experience.py`) over the batch's turns."""
+    e = samples.episodes
+    _, actions, _ = ags.split_slots(e.tokens, self.env, self.num_turns)
+    _, policy, _ = ags.split_slots(e.policy_mask, self.env, self.num_turns)
+    library, m = exp_lib.update(
+        self._library(library), e.state_ids, actions, policy, e.turn_mask, e.success,
+        eoa_id=self.env.eoa_id, pad_id=self.env.pad_id, admit=float(scfg.admit),
+        min_count=int(scfg.min_count), max_new=int(scfg.max_new), ema=float(scfg.ema))
+    return library, {k: float(v) for k, v in m.items()}
 
   def rewards(self, draw: Draw, samples: AgentSamples) -> tuple[jax.Array, dict]:
     e = samples.episodes
@@ -282,11 +327,14 @@ class AgentProblem:
               num_turns=self.num_turns)})
     return turns
 
-  def evaluate(self, params, ecfg) -> dict:
+  def evaluate(self, params, ecfg, library=None) -> dict:
     """Greedy success rate and return on eval.num_prompts held-out episodes (a fixed key,
-    eval.seed), and pass@k / mean return of k temperature-1 episodes on eval.pass_prompts."""
+    eval.seed), and pass@k / mean return of k temperature-1 episodes on eval.pass_prompts;
+    with `library`, the episodes read the experience library (SLEA-RL's policy and library)."""
     key = jax.random.PRNGKey(ecfg.seed)
     start = _reset(jax.random.fold_in(key, 0), env=self.env, n=ecfg.num_prompts)
+    if library is not None:
+      start = _attach(start, self._library(library), env=self.env)
     greedy = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 1),
                                  ecfg.num_prompts, 1, 0.0, num_turns=self.num_turns, start=start,
                                  vocab=self.vocab)

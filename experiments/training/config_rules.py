@@ -51,6 +51,11 @@ RULES = (
     ('sampler.fork_turn', '[0, inf)'),
     ('sampler.lag', '[1, inf)'),
     ('sampler.hint_rows', '[0, inf)'),
+    ('sampler.admit', '[0, 1]'),
+    ('sampler.min_count', '[1, inf)'),
+    ('sampler.max_new', '[1, inf)'),
+    ('sampler.ema', '(0, 1]'),
+    ('agent.experience_slots', '[0, inf)'),  # 0: no experience wrapper
     ('rl.prompt_pool', '[0, inf)'),  # 0: fresh prompts every step
     ('loss.eps_low', '[0, inf)'),
     ('loss.eps_high', '[0, inf)'),
@@ -72,6 +77,7 @@ RULES = (
     ('agent.num_turns', '[0, inf)'),  # 0: the environment's max_turns
     ('agent.gamma', '[0, 1]'),
     ('agent.lm_dtype', DTYPES),
+    ('agent.experience_cluster', ('observation', 'state')),
 )
 
 

@@ -106,6 +106,7 @@ SAMPLER_FIELDS = {
     'tree_bisect': ('num_chains', 'num_rounds', 'num_continuations'),
     'tree_steps': ('num_chains', 'num_levels', 'num_continuations'),
     'knapsack': ('group_size', 'min_group', 'max_group'),
+    'experience': ('group_size', 'admit', 'min_count', 'max_new', 'ema'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
@@ -243,7 +244,7 @@ def loss_config(cfg) -> ts.LossConfig:
 
 def group_size(scfg) -> int:
   """Rollouts per prompt ('knapsack': the mean; its groups are padded to max_group)."""
-  if scfg.name in ('iid', 'lagged', 'hinted', 'knapsack'):
+  if scfg.name in ('iid', 'lagged', 'hinted', 'knapsack', 'experience'):
     return scfg.group_size
   if scfg.name == 'tree_fixed':
     return int(np.prod(scfg.branching))
@@ -280,9 +281,14 @@ def run_config(cfg, run_seed: int):
 
 
 def _drop_default_sft_fields(cfg):
-  """Drops sft.hindsight_frac when 0 (in place): the fingerprint of runs before it."""
+  """Drops sft.hindsight_frac when 0 and agent.experience_slots / experience_cluster when off
+  (in place): the fingerprint of runs before them."""
   if 'sft' in cfg and not cfg.sft.get('hindsight_frac', 0.0) and 'hindsight_frac' in cfg.sft:
     del cfg.sft['hindsight_frac']
+  if 'agent' in cfg and not cfg.agent.get('experience_slots', 0):
+    for field in ('experience_slots', 'experience_cluster'):
+      if field in cfg.agent:
+        del cfg.agent[field]
 
 
 def fingerprint(cfg) -> tuple[str, dict]:
@@ -1077,6 +1083,13 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                      "rates at their last visit, which needs a single-turn JAX task with "
                      "prompts that recur: set rl.prompt_pool (e.g. 256)")
   pass_rate = jnp.full((pool,), -1.0, jnp.float32) if knapsack else None
+  # SLEA-RL: the step-level experience library (envs/experience.py), loop state.
+  experience = scfg.name == 'experience'
+  if experience and not hasattr(problem, 'learn'):
+    raise ValueError("sampler 'experience' (SLEA-RL) retrieves experiences at every turn of "
+                     "a multi-turn environment (configs/agents.py, agent.experience_slots)")
+  library = problem.empty_library() if experience else None
+  lib_kw = dict(library=library) if experience else {}
   replay_kw = dict(success=float(hparams.get('success', 1.0)),
                    two_sided='replay_failures' in needs)
   replay_current = hparams.get('replay_logprobs', 'behaviour') == 'current'
@@ -1091,10 +1104,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   expert_opt = expert_tx.init(state.params) if need_expert else None
   restored, meta, aux = restore_checkpoint(mngr, state, fp, flat, dict(
       credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour,
-      expert_opt=expert_opt, pass_rate=pass_rate))
+      expert_opt=expert_opt, pass_rate=pass_rate, library=library))
   credit_state, critic_state = aux['credit_state'], aux['critic']
   replay_store, behaviour, expert_opt = aux['replay'], aux['behaviour'], aux['expert_opt']
-  pass_rate = aux['pass_rate']
+  pass_rate, library = aux['pass_rate'], aux['library']
   if need_values:
     critic_state = ts.shard_state(critic_state, mesh)
   start, wall0 = 0, 0.0
@@ -1119,7 +1132,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   b = cfg.rl.prompts_per_step
   est = credit_fn(cfg.credit.name, hparams_json,
-                  scfg.name not in ('iid', 'lagged', 'hinted', 'knapsack'), stateful)
+                  scfg.name not in ('iid', 'lagged', 'hinted', 'knapsack', 'experience'),
+                  stateful)
   need_ref = loss_cfg.needs_ref or 'ref_logprobs' in needs  # KL loss/reward, APA's anchor
   need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
   need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
@@ -1167,14 +1181,14 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   def checkpoint():  # the train, credit and critic states after `step`, together
     save_checkpoint(mngr, step, state, meta_now(), dict(
         credit_state=credit_state, critic=critic_state, replay=replay_store, behaviour=behaviour,
-        expert_opt=expert_opt, pass_rate=pass_rate))
+        expert_opt=expert_opt, pass_rate=pass_rate, library=library))
 
   bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
              initial=start, total=cfg.rl.steps, leave=False)
   last_eval, pending = {}, None
   try:
     if start == 0:  # eval of the starting policy, logged as step 0
-      last_eval = problem.evaluate(state.params, cfg.eval)
+      last_eval = problem.evaluate(state.params, cfg.eval, **lib_kw)
       writer.write(dict(step=0, wall_s=0.0, method=method, seed=seed, **last_eval,
                         **phase_info))
     for i in bar:
@@ -1195,7 +1209,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             np.asarray(pass_rate)[np.asarray(draw.prompt_ids)], b * scfg.group_size,
             default=scfg.group_size, min_rows=scfg.min_group, max_rows=scfg.max_group)
       if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
-        samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw)
+        samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw, **lib_kw)
       else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
         with jax.set_mesh(mesh) if mesh.size > 1 else contextlib.nullcontext():
           samples = sample(sampling_params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
@@ -1311,6 +1325,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
         critic_s += time.perf_counter() - tc
       next_rate = (knapsack_lib.update_pass_rates(pass_rate, draw.prompt_ids, rewards, row_mask)
                    if knapsack else None)
+      next_library, exp_m = (problem.learn(library, samples, scfg) if experience
+                             else (None, {}))
       next_store = (replay_lib.update(replay_store, draw.prompt_ids, samples, rewards, replayed,
                                       step=i, **replay_kw) if need_replay else None)
       if need_values and i < ccfg.critic_warmup:  # verl's critic_warmup: the critic alone
@@ -1330,10 +1346,12 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                                   es.opt_state, em['loss'])
       # `state` is now the state after this step (the old one was donated); the credit,
       # critic and replay states after it are committed with it, in one statement.
-      step, credit_state, critic_state, replay_store, expert_opt, pass_rate = (
+      step, credit_state, critic_state, replay_store, expert_opt, pass_rate, library = (
           i + 1, next_credit_state if stateful else None, next_critic, next_store, next_expert,
-          next_rate)
+          next_rate, next_library)
+      lib_kw = dict(library=library) if experience else {}
       m.update(cm)
+      m.update(exp_m)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
                      interrupted=True)
       m = {k_: float(v) for k_, v in m.items()}
@@ -1375,7 +1393,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                  **(state_metrics(credit_state) if stateful else {}))
       pending = row  # update applied, row not yet written (see KeyboardInterrupt below)
       if step % cfg.eval.every == 0 or step == cfg.rl.steps:
-        last_eval = problem.evaluate(state.params, cfg.eval)
+        last_eval = problem.evaluate(state.params, cfg.eval, **lib_kw)
         row.update(last_eval)
       writer.write(row)
       pending = None
