@@ -219,3 +219,20 @@ def test_experience_sampler_through_the_loop_and_its_refusals(tmp_path):
   lm.agent.lm_source = 'smollm2'
   with pytest.raises(ValueError, match='toy decoder'):
     loop.build_problem(lm)
+
+
+@pytest.mark.slow  # ~60 s; the 'experience' sampler's loop path: the test above
+def test_slea_family_script_runs_quick(tmp_path):
+  from configs import agents as agents_config
+  from configs import turn_norm as turn_norm_config
+  from experiments.training import compare, loop
+  cfg = agents_config.shrink(turn_norm_config.get_config('slea'),
+                             turn_norm_config.get_config('slea'))
+  cfg.progress = False
+  cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
+  summary = compare.run_experiment(cfg, str(tmp_path))
+  assert sorted(summary['methods']) == ['gigpo:experience', 'gigpo:iid', 'grpo:iid']
+  rows = [r for r in loop.read_metrics(tmp_path / 'gigpo_experience' / 'seed0' /
+                                       'metrics.jsonl') if 'reward' in r]
+  assert rows and all(np.isfinite(r['loss']) for r in rows)
+  assert all('experience_tips' in r for r in rows)
