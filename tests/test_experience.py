@@ -28,9 +28,10 @@ def _ref_update(lib, turns, *, admit, min_count, max_new, ema):
       out.append(t)
     return tuple(out + [PAD] * (len(action) - 1 - len(out)))[:len(action) - 1]
   taken = [t for t in turns if t[2]]
-  hits = sum(1 for c, _, _, _ in taken
-             if lib['tip_score'][slot(c)] >= 0 and lib['tip_key'][slot(c)] == c)
-  hit_rate = hits / max(len(taken), 1)
+  hit_rate = tuple(
+      sum(1 for c, _, _, _ in taken if lib[score][slot(c)] >= 0 and lib[key][slot(c)] == c)
+      / max(len(taken), 1) for score, key in (('tip_score', 'tip_key'),
+                                              ('avoid_count', 'avoid_key')))
   pairs = {}  # (cluster, hint) -> [count, wins, first index]
   for i, (c, a, tk, won) in enumerate(turns):
     if tk and EOA in a:
@@ -117,7 +118,8 @@ def test_library_update_matches_a_plain_python_reading(data):
       assert got[key] == want[key], key
     np.testing.assert_array_equal(got['tip_score'], np.asarray(want['tip_score'], np.float32))
     np.testing.assert_array_equal(got['avoid_count'], np.asarray(want['avoid_count'], np.float32))
-    assert float(m['experience_hit_rate']) == pytest.approx(want_hit)
+    assert float(m['experience_hit_rate']) == pytest.approx(want_hit[0])
+    assert float(m['experience_avoid_hit_rate']) == pytest.approx(want_hit[1])
     assert m['experience_tips'] == sum(x >= 0 for x in want['tip_score'])
 
 
@@ -197,19 +199,23 @@ def test_experience_sampler_through_the_loop_and_its_refusals(tmp_path):
                              turn_norm_config.get_config('slea'))
   cfg.progress, cfg.quick = False, False
   cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 2, 1, 2
-  cfg.sampler.min_count = 1
+  cfg.sampler.min_count, cfg.rl.prompts_per_step = 1, 16  # tasks recur: step 2 sees hints
   problem = loop.build_problem(cfg)
   params0 = decoder.init_params(jax.random.PRNGKey(0), problem.pcfg)
   loop.train(cfg, str(tmp_path / 'a'), params0, method='gigpo:experience')
   rows = [r for r in loop.read_metrics(tmp_path / 'a' / 'metrics.jsonl') if 'reward' in r]
   assert len(rows) == 2 and rows[-1]['experience_avoids'] > 0  # random actions all fail
-  assert rows[0]['experience_hit_rate'] == 0  # the first batch saw an empty library
+  assert rows[0]['experience_hit_rate'] == rows[0]['experience_avoid_hit_rate'] == 0
+  assert rows[1]['experience_avoid_hit_rate'] > 0  # step 2 read what step 1 admitted
+  assert rows[0]['experience_hints_per_turn'] == 0 < rows[1]['experience_hints_per_turn']
   short = cfg.copy_and_resolve_references()
   short.rl.steps = 1
   loop.train(short, str(tmp_path / 'b'), params0, method='gigpo:experience')
   loop.train(cfg, str(tmp_path / 'b'), params0, method='gigpo:experience')  # resumes
   again = [r for r in loop.read_metrics(tmp_path / 'b' / 'metrics.jsonl') if 'reward' in r]
-  for key in ('loss', 'experience_avoids', 'experience_tips', 'experience_hit_rate', 'reward'):
+  for key in ('loss', 'experience_avoids', 'experience_tips', 'experience_avoid_hit_rate',
+              'experience_hints_per_turn',
+              'reward', 'greedy_acc', 'eval_return'):
     assert again[-1][key] == rows[-1][key], key
   plain = cfg.copy_and_resolve_references()
   plain.agent.experience_slots = 0

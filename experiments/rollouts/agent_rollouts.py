@@ -259,15 +259,19 @@ class AgentProblem:
 
   def learn(self, library, samples: AgentSamples, scfg):
     """(library after the batch, metrics): SLEA-RL's admission, eviction and rate limit
-    (`experiments/training/experience.py`) over the batch's turns."""
+    (`experiments/training/experience.py`) over the batch's turns; `experience_hints_per_turn`
+    counts the hints the batch's observations showed (their markers), per taken turn."""
     e = samples.episodes
+    marks = (e.tokens == self.env.token_id(exp_env.TIP)) | (
+        e.tokens == self.env.token_id(exp_env.AVOID))
+    shown = jnp.sum(marks & e.obs_mask) / jnp.maximum(jnp.sum(e.turn_mask), 1)
     _, actions, _ = ags.split_slots(e.tokens, self.env, self.num_turns)
     _, policy, _ = ags.split_slots(e.policy_mask, self.env, self.num_turns)
     library, m = exp_lib.update(
         self._library(library), e.state_ids, actions, policy, e.turn_mask, e.success,
         eoa_id=self.env.eoa_id, pad_id=self.env.pad_id, admit=float(scfg.admit),
         min_count=int(scfg.min_count), max_new=int(scfg.max_new), ema=float(scfg.ema))
-    return library, {k: float(v) for k, v in m.items()}
+    return library, {k: float(v) for k, v in {**m, 'experience_hints_per_turn': shown}.items()}
 
   def rewards(self, draw: Draw, samples: AgentSamples) -> tuple[jax.Array, dict]:
     e = samples.episodes

@@ -62,8 +62,9 @@ def update(library: exp_env.Library, clusters, actions, policy, turn_mask, succe
   library: no leading dims; clusters int32 [..., G, K+1] (`Turns.state_ids` of an
   `ExperienceEnv`: its clusters); actions int32 [..., G, K, A] (environment tokens) with their
   policy mask; turn_mask bool [..., G, K]; success bool [..., G]. Returns (library, dict of
-  float32 scalars: `experience_hit_rate`, the fraction of taken turns whose observation showed
-  a strategy; `experience_tips` / `experience_avoids`, entries held after the update).
+  float32 scalars: `experience_hit_rate` / `experience_avoid_hit_rate`, the fractions of taken
+  turns whose observation showed a strategy / a failure pattern; `experience_tips` /
+  `experience_avoids`, entries held after the update).
   """
   slots, a = library.slots, actions.shape[-1]
   k = turn_mask.shape[-1]
@@ -74,8 +75,8 @@ def update(library: exp_env.Library, clusters, actions, policy, turn_mask, succe
   won = jnp.broadcast_to(success[..., None], turn_mask.shape).reshape(-1)
   hint = _hints(toks, eoa_id, pad_id)
   n_turns = c.shape[0]
-  _, seen, _, _ = jax.vmap(exp_env.lookup, (None, 0))(library, c)
-  hit_rate = jnp.sum(seen & taken) / jnp.maximum(jnp.sum(taken), 1)
+  _, seen, _, seen_avoid = jax.vmap(exp_env.lookup, (None, 0))(library, c)
+  per_turn = lambda x: jnp.sum(x & taken) / jnp.maximum(jnp.sum(taken), 1)
 
   # Pair statistics: turns with the same cluster and action.
   same = (c[:, None] == c[None, :]) & jnp.all(hint[:, None] == hint[None, :], -1)
@@ -124,7 +125,8 @@ def update(library: exp_env.Library, clusters, actions, policy, turn_mask, succe
       avoid_key=put(library.avoid_key, avoid_write, c),
       avoid=put(library.avoid, avoid_write, hint),
       avoid_count=put(avoid_count, avoid_write, count))
-  metrics = dict(experience_hit_rate=hit_rate,
+  metrics = dict(experience_hit_rate=per_turn(seen),
+                 experience_avoid_hit_rate=per_turn(seen_avoid),
                  experience_tips=jnp.sum(new.tip_score >= 0).astype(jnp.float32),
                  experience_avoids=jnp.sum(new.avoid_count >= 0).astype(jnp.float32))
   return new, metrics

@@ -1089,7 +1089,6 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
     raise ValueError("sampler 'experience' (SLEA-RL) retrieves experiences at every turn of "
                      "a multi-turn environment (configs/agents.py, agent.experience_slots)")
   library = problem.empty_library() if experience else None
-  lib_kw = dict(library=library) if experience else {}
   replay_kw = dict(success=float(hparams.get('success', 1.0)),
                    two_sided='replay_failures' in needs)
   replay_current = hparams.get('replay_logprobs', 'behaviour') == 'current'
@@ -1108,6 +1107,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   credit_state, critic_state = aux['credit_state'], aux['critic']
   replay_store, behaviour, expert_opt = aux['replay'], aux['behaviour'], aux['expert_opt']
   pass_rate, library = aux['pass_rate'], aux['library']
+  lib_kw = dict(library=library) if experience else {}  # the restored library, if any
   if need_values:
     critic_state = ts.shard_state(critic_state, mesh)
   start, wall0 = 0, 0.0
