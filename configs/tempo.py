@@ -65,8 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
       num_levels=2,                  # tree_steps: G = N (1 + C)^levels
       cut_threshold=0.9, cut_every=1,  # tree_cutpoints (SPO-chain): same G as tree_entropy
       # experience (SLEA-RL #46): a strategy enters at success rate >= admit over >= min_count
-      # turns, at most max_new entries of each kind a step, its score an EMA with weight ema
-      admit=0.5, min_count=2, max_new=32, ema=0.5))
+      # turns, at most max_new entries of each kind a step, its score an EMA with weight ema;
+      # failure_patterns False: strategies only
+      admit=0.5, min_count=2, max_new=32, ema=0.5, failure_patterns=True))
 
   c.credit = ml_collections.ConfigDict(dict(name='grpo', hparams={}))
 

@@ -148,6 +148,10 @@ def test_library_admits_a_strategy_and_a_failure_pattern_by_hand():
   assert bool(has_tip) and bool(has_avoid)
   assert tip.tolist() == [2, 0] and avoid.tolist() == [0, 1]
   assert float(lib.tip_score[7]) == 1.0 and float(lib.avoid_count[7]) == 2.0
+  only, _ = L.update(X.empty_library(8, 3, PAD), clusters, actions, policy, turn_mask,
+                     np.asarray([[True, True, False, False]]), **kw, failure_patterns=False)
+  _, has_tip, _, has_avoid = X.lookup(only, jnp.int32(7))
+  assert bool(has_tip) and not bool(has_avoid)  # strategies only
 
 
 def test_experience_env_shows_hints_and_plays_the_inner_environment():

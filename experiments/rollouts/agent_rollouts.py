@@ -270,7 +270,8 @@ class AgentProblem:
     library, m = exp_lib.update(
         self._library(library), e.state_ids, actions, policy, e.turn_mask, e.success,
         eoa_id=self.env.eoa_id, pad_id=self.env.pad_id, admit=float(scfg.admit),
-        min_count=int(scfg.min_count), max_new=int(scfg.max_new), ema=float(scfg.ema))
+        min_count=int(scfg.min_count), max_new=int(scfg.max_new), ema=float(scfg.ema),
+        failure_patterns=bool(scfg.failure_patterns))
     return library, {k: float(v) for k, v in {**m, 'experience_hints_per_turn': shown}.items()}
 
   def rewards(self, draw: Draw, samples: AgentSamples) -> tuple[jax.Array, dict]:

@@ -55,6 +55,7 @@ RULES = (
     ('sampler.min_count', '[1, inf)'),
     ('sampler.max_new', '[1, inf)'),
     ('sampler.ema', '(0, 1]'),
+    ('sampler.failure_patterns', (True, False)),
     ('agent.experience_slots', '[0, inf)'),  # 0: no experience wrapper
     ('rl.prompt_pool', '[0, inf)'),  # 0: fresh prompts every step
     ('loss.eps_low', '[0, inf)'),

@@ -16,7 +16,8 @@ and take each pair's count n and success rate r (the fraction of its episodes th
             empty or it is better than what is there (a higher score; a larger count).
   rate      at most `max_new` new entries of each kind per step, the best first.
 
-Defaults: admit 0.5, min_count 2, max_new 32, η = 0.5.
+Defaults: admit 0.5, min_count 2, max_new 32, η = 0.5; `failure_patterns=False` admits strategies
+only (an ablation).
 """
 
 import functools
@@ -53,10 +54,11 @@ def _slot_winner(cand, slot, keys, slots: int):
   return win & (idx == first[slot])
 
 
-@functools.partial(jax.jit, static_argnames=("eoa_id", "pad_id", "min_count", "max_new"))
+@functools.partial(jax.jit, static_argnames=("eoa_id", "pad_id", "min_count", "max_new",
+                                             "failure_patterns"))
 def update(library: exp_env.Library, clusters, actions, policy, turn_mask, success, *,
            eoa_id: int, pad_id: int, admit: float = 0.5, min_count: int = 2, max_new: int = 32,
-           ema: float = 0.5):
+           ema: float = 0.5, failure_patterns: bool = True):
   """The library after one batch (module docstring) and its metrics.
 
   library: no leading dims; clusters int32 [..., G, K+1] (`Turns.state_ids` of an
@@ -112,7 +114,8 @@ def update(library: exp_env.Library, clusters, actions, policy, turn_mask, succe
   tip_win = _slot_winner(tip_cand, slot, (rate, count), slots)
   tip_write = tip_win & ((score[slot] < 0) | (rate > score[slot]))
   tip_write = _pick(tip_write, (-rate, -count, idx), max_new)
-  avoid_cand = first & (count >= min_count) & (wins == 0) & ~is_tip & ~is_avoid
+  avoid_cand = (first & (count >= min_count) & (wins == 0) & ~is_tip & ~is_avoid
+                & failure_patterns)
   avoid_win = _slot_winner(avoid_cand, slot, (count,), slots)
   avoid_write = avoid_win & ((avoid_count[slot] < 0) | (count > avoid_count[slot]))
   avoid_write = _pick(avoid_write, (-count, idx), max_new)

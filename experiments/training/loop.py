@@ -106,7 +106,7 @@ SAMPLER_FIELDS = {
     'tree_bisect': ('num_chains', 'num_rounds', 'num_continuations'),
     'tree_steps': ('num_chains', 'num_levels', 'num_continuations'),
     'knapsack': ('group_size', 'min_group', 'max_group'),
-    'experience': ('group_size', 'admit', 'min_count', 'max_new', 'ema'),
+    'experience': ('group_size', 'admit', 'min_count', 'max_new', 'ema', 'failure_patterns'),
 }
 PACKING = packing_lib.MODES + ('none',)
 SAMPLER_COMMON = ('name', 'temperature', 'top_p', 'top_k')
