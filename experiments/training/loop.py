@@ -261,7 +261,8 @@ def run_config(cfg, run_seed: int):
   """The config one RL run depends on: rl.seed = run_seed, unused sampler fields dropped, and
   the `critic` section dropped when the estimator reads no values (so GRPO runs of
   configs/ppo.py share their workdir with every other script's), its default targets, loss
-  and critic_warmup, rl.prompt_pool when 0 and sft.hindsight_frac when 0."""
+  and critic_warmup, rl.prompt_pool when 0, sampler.failure_patterns when True and
+  sft.hindsight_frac when 0."""
   out = cfg.copy_and_resolve_references()
   out.rl.seed = run_seed
   used = SAMPLER_COMMON + SAMPLER_FIELDS[cfg.sampler.name]
@@ -276,6 +277,8 @@ def run_config(cfg, run_seed: int):
           del out.critic[field]
     if not out.rl.get('prompt_pool', 0) and 'prompt_pool' in out.rl:
       del out.rl['prompt_pool']  # fresh prompts: the fingerprint of runs before the option
+    if out.sampler.get('failure_patterns', None) is True:  # the default: as before the option
+      del out.sampler['failure_patterns']
     _drop_default_sft_fields(out)
   return out
 
