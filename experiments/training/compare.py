@@ -203,6 +203,7 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
         d = run_dir(workdir, method, seed, lr)
         s = loop.train(c, d, params0, method=method, seed=seed)
         s.pop('params', None)
+        s.pop('library', None)
         rows = loop.read_metrics(os.path.join(d, 'metrics.jsonl'))
         s.update(group_size=g, seed=seed, lr=c.optimizer.lr, generated_tokens_total=(
             rows[-1].get('generated_tokens_total', float('nan')) if rows else float('nan')))

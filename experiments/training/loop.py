@@ -1036,7 +1036,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
 
   `method` 'credit:sampler' overrides cfg.credit.name / cfg.sampler.name; `seed`
   is added to rl.seed. Resumes from <workdir>/checkpoints if present. Returns a
-  summary dict (final and peak eval metrics, mean timings).
+  summary dict (final and peak eval metrics, mean timings; the final params, and with the
+  sampler 'experience' the experience library).
   """
   if method is not None:
     cfg = with_method(cfg, method)
@@ -1413,8 +1414,11 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
     print(f'\nInterrupted: saved step {step} to {workdir}/checkpoints; rerun to resume.')
     raise
   mngr.close()
-  return summarize(read_metrics(os.path.join(workdir, 'metrics.jsonl')), cfg.eval.pass_k,
-                   params=state.params)
+  out = summarize(read_metrics(os.path.join(workdir, 'metrics.jsonl')), cfg.eval.pass_k,
+                  params=state.params)
+  if experience:  # SLEA-RL's library after the last step, beside the params
+    out['library'] = library
+  return out
 
 
 def summarize(rows, pass_k, params=None) -> dict:
