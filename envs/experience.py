@@ -87,6 +87,11 @@ def lookup(library: Library, cluster):
   return library.tip[s], has_tip, library.avoid[s], has_avoid
 
 
+def _per_episode(library: Library, n: int) -> Library:
+  """The library with a leading dim of n episodes (every state carries its copy)."""
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), library)
+
+
 @flax.struct.dataclass
 class ExperienceState:
   inner: Any
@@ -152,16 +157,13 @@ class ExperienceEnv(multiturn.MultiTurnEnv):
   def with_library(self, start, library: Library):
     """Start states (state, obs, obs_mask) of this environment with `library` (no leading
     dims) attached to every episode, their observations re-read with its hints."""
-    state = start[0]
-    n = state.done.shape[0]
-    lib = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), library)
-    state = state.replace(library=lib)
+    state = start[0].replace(library=_per_episode(library, start[0].done.shape[0]))
     return (state, *self.observe(state))
 
   def reset(self, key, n):
     inner, _, _ = self.inner.reset(key, n)
-    lib = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), self.empty())
-    state = ExperienceState(inner=inner, library=lib, turn=inner.turn, done=inner.done)
+    state = ExperienceState(inner=inner, library=_per_episode(self.empty(), n), turn=inner.turn,
+                            done=inner.done)
     return (state, *self.observe(state))
 
   def step(self, state, actions, action_mask):

@@ -204,6 +204,7 @@ def test_experience_sampler_through_the_loop_and_its_refusals(tmp_path):
   cfg.progress, cfg.quick = False, False
   cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 2, 1, 2
   cfg.sampler.min_count, cfg.rl.prompts_per_step = 1, 16  # tasks recur: step 2 sees hints
+  cfg.eval.num_prompts, cfg.eval.pass_prompts = 8, 2
   problem = loop.build_problem(cfg)
   params0 = decoder.init_params(jax.random.PRNGKey(0), problem.pcfg)
   loop.train(cfg, str(tmp_path / 'a'), params0, method='gigpo:experience')

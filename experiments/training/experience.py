@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 
 from envs import experience as exp_env
-from envs import multiturn
 
 
 def _hints(tokens, eoa_id: int, pad_id: int):
