@@ -247,3 +247,25 @@ def test_slea_family_script_runs_quick(tmp_path):
                                        'metrics.jsonl') if 'reward' in r]
   assert rows and all(np.isfinite(r['loss']) for r in rows)
   assert all('experience_tips' in r for r in rows)
+
+
+def test_slea_probe_oracle_library_holds_the_expert_moves():
+  """experiments/slea_probe.py: the oracle library's strategies are the expert's actions on its
+  own paths (it agrees with itself), and every evaluation episode's first observation, being on
+  the expert's path, shows one."""
+  from configs import agents as agents_config
+  from configs import turn_norm as turn_norm_config
+  from experiments import slea_probe
+  from experiments.models import decoder
+  from experiments.training import loop
+  cfg = agents_config.shrink(turn_norm_config.get_config('slea'),
+                             turn_norm_config.get_config('slea'))
+  cfg.eval.num_prompts = 8
+  problem = loop.build_problem(cfg)
+  oracle = slea_probe.oracle_library(problem, cfg.eval)
+  assert slea_probe.agreement(oracle, oracle) == 1.0
+  params = decoder.init_params(jax.random.PRNGKey(0), problem.pcfg)
+  out = slea_probe.play(problem, params, oracle, cfg.eval)
+  assert out['tip_turns'] >= 8 and 0.0 <= out['follows'] <= 1.0 and out['avoid_turns'] == 0
+  none = slea_probe.play(problem, params, problem.env.empty(), cfg.eval, shown=oracle)
+  assert none['tip_turns'] >= 8  # the same clusters, hints not shown
