@@ -26,7 +26,6 @@ from absl import app, flags
 
 from configs import turn_norm
 from envs import experience as exp_env
-from experiments.rollouts import agent_rollouts as ar
 from experiments.rollouts import agent_sampling as ags
 from experiments.training import compare, loop
 
@@ -36,17 +35,12 @@ FAILURE_PATTERNS = flags.DEFINE_bool('failure_patterns', True,
 SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2', '3', '4'], 'Seeds to probe.')
 
 
-def _starts(problem, ecfg):
-  return ar._reset(jax.random.fold_in(jax.random.PRNGKey(ecfg.seed), 0), env=problem.env,
-                   n=ecfg.num_prompts)
-
-
 def oracle_library(problem, ecfg) -> exp_env.Library:
   """The expert's action as the strategy of every cluster on its paths from the eval starts
   (the first to claim a slot keeps it)."""
   env = problem.env
   e = ags.expert_episodes(env, jax.random.PRNGKey(ecfg.seed), ecfg.num_prompts,
-                          num_turns=problem.num_turns, start=_starts(problem, ecfg))
+                          num_turns=problem.num_turns, start=problem.eval_starts(ecfg))
   _, acts, _ = ags.split_slots(e.tokens, env, problem.num_turns)
   lib = env.empty()
   keys, tips, score = (np.asarray(x).copy() for x in (lib.tip_key, lib.tip, lib.tip_score))
@@ -63,10 +57,7 @@ def play(problem, params, library, ecfg, shown=None) -> dict:
   """Greedy eval episodes reading `library`; rates on the turns where `shown` (default
   `library`) holds a strategy / failure pattern for the observation."""
   env = problem.env
-  start = ar._attach(_starts(problem, ecfg), library, env=env)
-  e = ags.sample_episodes(params, problem.pcfg, env, jax.random.fold_in(
-      jax.random.PRNGKey(ecfg.seed), 1), ecfg.num_prompts, 1, 0.0, num_turns=problem.num_turns,
-                          start=start)
+  e = problem.greedy_episodes(params, ecfg, library)
   _, acts, _ = ags.split_slots(e.tokens, env, problem.num_turns)
   moves = np.asarray(acts[..., :-1]).reshape(-1, env.action_len - 1)
   clusters = jnp.asarray(np.asarray(e.state_ids[..., :-1]).ravel())

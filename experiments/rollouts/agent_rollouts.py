@@ -332,17 +332,26 @@ class AgentProblem:
               num_turns=self.num_turns)})
     return turns
 
+  def eval_starts(self, ecfg, library=None):
+    """The eval.num_prompts held-out start states (key eval.seed), reading `library` if given."""
+    start = _reset(jax.random.fold_in(jax.random.PRNGKey(ecfg.seed), 0), env=self.env,
+                   n=ecfg.num_prompts)
+    return start if library is None else _attach(start, self._library(library), env=self.env)
+
+  def greedy_episodes(self, params, ecfg, library=None) -> ags.Episodes:
+    """The greedy episodes `evaluate` scores, one per held-out start state."""
+    return ags.sample_episodes(params, self.pcfg, self.env,
+                               jax.random.fold_in(jax.random.PRNGKey(ecfg.seed), 1),
+                               ecfg.num_prompts, 1, 0.0, num_turns=self.num_turns,
+                               start=self.eval_starts(ecfg, library), vocab=self.vocab)
+
   def evaluate(self, params, ecfg, library=None) -> dict:
     """Greedy success rate and return on eval.num_prompts held-out episodes (a fixed key,
     eval.seed), and pass@k / mean return of k temperature-1 episodes on eval.pass_prompts;
     with `library`, the episodes read the experience library (SLEA-RL's policy and library)."""
     key = jax.random.PRNGKey(ecfg.seed)
-    start = _reset(jax.random.fold_in(key, 0), env=self.env, n=ecfg.num_prompts)
-    if library is not None:
-      start = _attach(start, self._library(library), env=self.env)
-    greedy = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 1),
-                                 ecfg.num_prompts, 1, 0.0, num_turns=self.num_turns, start=start,
-                                 vocab=self.vocab)
+    start = self.eval_starts(ecfg, library)
+    greedy = self.greedy_episodes(params, ecfg, library)
     sub = jax.tree.map(lambda x: x[:ecfg.pass_prompts], start)
     samples = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 2),
                                   ecfg.pass_prompts, ecfg.pass_k, 1.0, num_turns=self.num_turns,

@@ -92,6 +92,8 @@ NOT_FINGERPRINTED = ('quick', 'seeds', 'methods', 'progress', 'eval', 'rl.steps'
                      'rl.ckpt_every', 'mesh')
 # The sampler fields each sampler reads; the others are not part of a run's fingerprint,
 # so runs of different scripts that differ only in unused sampler settings can share a workdir.
+# Samplers of G i.i.d. rows per prompt (no explicit tree; `sampler.group_size` rows a group).
+IID_SAMPLERS = ('iid', 'lagged', 'hinted', 'knapsack', 'experience')
 SAMPLER_FIELDS = {
     'iid': ('group_size',),
     'tree_fixed': ('branching', 'segment_len'),
@@ -244,7 +246,7 @@ def loss_config(cfg) -> ts.LossConfig:
 
 def group_size(scfg) -> int:
   """Rollouts per prompt ('knapsack': the mean; its groups are padded to max_group)."""
-  if scfg.name in ('iid', 'lagged', 'hinted', 'knapsack', 'experience'):
+  if scfg.name in IID_SAMPLERS:
     return scfg.group_size
   if scfg.name == 'tree_fixed':
     return int(np.prod(scfg.branching))
@@ -1111,7 +1113,10 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   credit_state, critic_state = aux['credit_state'], aux['critic']
   replay_store, behaviour, expert_opt = aux['replay'], aux['behaviour'], aux['expert_opt']
   pass_rate, library = aux['pass_rate'], aux['library']
-  lib_kw = dict(library=library) if experience else {}  # the restored library, if any
+
+  def lib_kw():  # the current library (restored, then each step's), for sampling and eval
+    return dict(library=library) if experience else {}
+
   if need_values:
     critic_state = ts.shard_state(critic_state, mesh)
   start, wall0 = 0, 0.0
@@ -1135,9 +1140,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   gen_total += phase_info.get('intervention_generated_tokens', 0.0)  # InT's phase samples
   env_steps_total = max([r.get('env_steps_total', 0.0) for r in old_rows] + [0.0])
   b = cfg.rl.prompts_per_step
-  est = credit_fn(cfg.credit.name, hparams_json,
-                  scfg.name not in ('iid', 'lagged', 'hinted', 'knapsack', 'experience'),
-                  stateful)
+  est = credit_fn(cfg.credit.name, hparams_json, scfg.name not in IID_SAMPLERS, stateful)
   need_ref = loss_cfg.needs_ref or 'ref_logprobs' in needs  # KL loss/reward, APA's anchor
   need_entropy, need_prompt_lp = 'entropy' in needs, 'prompt_logprobs' in needs
   need_context, need_saliency = 'context_logprobs' in needs, 'saliency' in needs
@@ -1192,7 +1195,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   last_eval, pending = {}, None
   try:
     if start == 0:  # eval of the starting policy, logged as step 0
-      last_eval = problem.evaluate(state.params, cfg.eval, **lib_kw)
+      last_eval = problem.evaluate(state.params, cfg.eval, **lib_kw())
       writer.write(dict(step=0, wall_s=0.0, method=method, seed=seed, **last_eval,
                         **phase_info))
     for i in bar:
@@ -1213,7 +1216,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
             np.asarray(pass_rate)[np.asarray(draw.prompt_ids)], b * scfg.group_size,
             default=scfg.group_size, min_rows=scfg.min_group, max_rows=scfg.max_group)
       if hasattr(problem, 'sample'):  # multi-turn episodes (the problem's own sampler)
-        samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw, **lib_kw)
+        samples = problem.sample(state.params, scfg, jax.random.fold_in(k, 1), draw, **lib_kw())
       else:  # on a mesh of > 1 device, rows of the KV cache split over it (place_rows)
         with jax.set_mesh(mesh) if mesh.size > 1 else contextlib.nullcontext():
           samples = sample(sampling_params, pcfg, problem, scfg, jax.random.fold_in(k, 1),
@@ -1353,7 +1356,6 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
       step, credit_state, critic_state, replay_store, expert_opt, pass_rate, library = (
           i + 1, next_credit_state if stateful else None, next_critic, next_store, next_expert,
           next_rate, next_library)
-      lib_kw = dict(library=library) if experience else {}
       m.update(cm)
       m.update(exp_m)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
@@ -1397,7 +1399,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                  **(state_metrics(credit_state) if stateful else {}))
       pending = row  # update applied, row not yet written (see KeyboardInterrupt below)
       if step % cfg.eval.every == 0 or step == cfg.rl.steps:
-        last_eval = problem.evaluate(state.params, cfg.eval, **lib_kw)
+        last_eval = problem.evaluate(state.params, cfg.eval, **lib_kw())
         row.update(last_eval)
       writer.write(row)
       pending = None
