@@ -95,6 +95,26 @@ def names() -> list[str]:
   return sorted(_REGISTRY)
 
 
+def hparam_names(name: str) -> Optional[tuple[str, ...]]:
+  """The hyperparameters estimator `name` takes (its keyword arguments after `rollouts`);
+  None when it takes any (`**kwargs`)."""
+  params = list(inspect.signature(get(name)).parameters.values())[1:]
+  if any(p.kind is p.VAR_KEYWORD for p in params):
+    return None
+  return tuple(p.name for p in params)
+
+
+def check_hparams(name: str, hparams) -> None:
+  """Raises ValueError naming the keys of `hparams` that estimator `name` does not take,
+  before any work (the estimator itself would raise a TypeError only when first called)."""
+  valid = hparam_names(name)
+  unknown = sorted(set(hparams) - set(valid)) if valid is not None else []
+  if unknown:
+    raise ValueError(f"credit estimator {name!r} takes no hyperparameter {', '.join(unknown)} "
+                     f"(credit.hparams is passed to every method of a run); its "
+                     f"hyperparameters: {', '.join(valid) or 'none'}.")
+
+
 def row_masked() -> list[str]:
   """The estimators that accept groups of varying size (`Rollouts.row_mask`), sorted."""
   return sorted(_ROWS)

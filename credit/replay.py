@@ -8,6 +8,8 @@ with; with `'replay_failures'` too, it keeps the newest failure and puts it into
 all succeeded. The estimator then sees a group with signal where GRPO's would be all zero.
 """
 
+import math
+
 import jax.numpy as jnp
 
 from credit.agents import _bucket_norm
@@ -36,19 +38,53 @@ def r3(rollouts: Rollouts, success: float = 1.0, replay_logprobs: str = "behavio
   return grpo(rollouts, scale_by_std=scale_by_std, eps=eps)
 
 
+def tas_weights(mask, tas: float = 1.0):
+  """AVATAR's Temporal Advantage Shaping weights (#34), [..., L] float32.
+
+  The abstract says TAS "upweights key reasoning phases"; the paper's project page names
+  them: early (planning) and late (synthesis). Read as a U over the response: the k-th of a
+  response's n tokens (those on `mask`, in order; u = k / (n − 1), 0 when n = 1) gets
+  w = 1 + tas · (2u − 1)², rescaled so the weights average 1 over the response. So the first
+  and last tokens weigh (1 + tas) times the middle one, and a response's summed advantage is
+  unchanged (TAS moves credit within a response, it does not scale the step). tas = 0: all
+  ones. 0 off `mask`.
+  """
+  tas = float(tas)
+  if not math.isfinite(tas) or tas < 0:
+    raise ValueError(f"tas (Temporal Advantage Shaping strength) must be finite and >= 0; "
+                     f"got {tas}.")
+  m = jnp.asarray(mask, bool)
+  mf = m.astype(jnp.float32)
+  n = jnp.sum(mf, -1, keepdims=True)
+  k = jnp.cumsum(mf, -1) - mf
+  u = k / jnp.maximum(n - 1.0, 1.0)
+  w = jnp.where(m, 1.0 + tas * (2.0 * u - 1.0) ** 2, 0.0)
+  return w * n / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1e-30)
+
+
+@register("tas")
+def tas(rollouts: Rollouts, tas: float = 1.0, scale_by_std: bool = True, eps: float = 1e-6):
+  """Temporal Advantage Shaping alone (AVATAR #34, no replay): GRPO's advantage times
+  `tas_weights` (the U over each response that upweights its first and last tokens, mean 1
+  over the response). tas = 0 is GRPO. Returns float32 [..., G, L].
+  """
+  return grpo(rollouts, scale_by_std=scale_by_std, eps=eps) * tas_weights(rollouts.mask, tas)
+
+
 @register("avatar", needs=("replay", "replay_failures"))
 def avatar(rollouts: Rollouts, success: float = 1.0, replay_logprobs: str = "behaviour",
-           scale_by_std: bool = True, eps: float = 1e-6):
-  """AVATAR's off-policy replay (#34): "reusing past experiences with greater reward
-  diversity" to resolve vanishing advantages, read as two-sided replay: a group whose
-  responses all failed gets the prompt's newest stored success (as `r3`), and a group whose
-  responses all succeeded gets its newest stored failure, each with its behaviour log-probs
-  (the loop reads `success`, `replay_logprobs`). GRPO on the batch as trained. Not part of
-  it: Temporal Advantage Shaping (the abstract does not say which phases it upweights).
-  Returns float32 [..., G, L].
+           tas: float = 1.0, scale_by_std: bool = True, eps: float = 1e-6):
+  """AVATAR (#34): off-policy replay and Temporal Advantage Shaping. The replay, "reusing
+  past experiences with greater reward diversity" to resolve vanishing advantages, is read
+  as two-sided: a group whose responses all failed gets the prompt's newest stored success
+  (as `r3`), and a group whose responses all succeeded gets its newest stored failure, each
+  with its behaviour log-probs (the loop reads `success`, `replay_logprobs`). The advantage
+  is GRPO's on the batch as trained, times `tas_weights` (tas = 0: the replay alone). Not
+  built: the paper's difficulty tiers of the buffer and its hints. Returns float32
+  [..., G, L].
   """
   return r3(rollouts, success=success, replay_logprobs=replay_logprobs,
-            scale_by_std=scale_by_std, eps=eps)
+            scale_by_std=scale_by_std, eps=eps) * tas_weights(rollouts.mask, tas)
 
 
 @register("rwft")

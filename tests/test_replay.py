@@ -1,14 +1,16 @@
 """The prompt pool, R3's replay store and off-policy GRPO's lagged sampler
 (experiments/training/replay.py, issue 23): inject/update against a plain-Python reference,
 the loop's use of them, exact resume with the store and the lagged params checkpointed, and
-lag 1 = on-policy GRPO."""
+lag 1 = on-policy GRPO; AVATAR's Temporal Advantage Shaping against a plain-Python reading."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import credit
+from credit import replay as replay_credit
 from experiments.rollouts.sampling import Samples
 from experiments.training import loop, replay
 from groups import outcome_rollouts
@@ -207,3 +209,62 @@ def test_rwft_weights_every_token_by_its_reward():
   for b in (0.0, 0.25):
     want = np.where(mask, (rewards - b)[..., None], 0.0)
     np.testing.assert_allclose(credit.get('rwft')(r, baseline=b), want, atol=1e-7)
+
+
+def tas_reference(mask_row, tas):
+  """AVATAR's TAS weights for one response, in plain Python: the k-th of its n tokens on
+  the mask gets 1 + tas (2k/(n-1) - 1)^2 (k/(n-1) read as 0 when n = 1), rescaled to mean 1."""
+  on = [t for t, m in enumerate(mask_row) if m]
+  n = len(on)
+  raw = {t: 1 + tas * (2 * (k / (n - 1) if n > 1 else 0.0) - 1) ** 2 for k, t in enumerate(on)}
+  total = sum(raw.values())
+  return [raw[t] * n / total if t in raw else 0.0 for t in range(len(mask_row))]
+
+
+# One compiled shape [2, 3, 7] for every example; masks with holes (agent turns) included.
+@settings(deadline=None, max_examples=25)
+@given(bits=st.lists(st.booleans(), min_size=42, max_size=42),
+       rewards=st.lists(st.sampled_from([0.0, 1.0]), min_size=6, max_size=6),
+       tas=st.sampled_from([0.0, 0.5, 1.0, 3.0]))
+def test_tas_matches_reference_and_keeps_each_responses_summed_advantage(bits, rewards, tas):
+  mask = np.array(bits).reshape(2, 3, 7)
+  r = credit.Rollouts(tokens=jnp.zeros(mask.shape, jnp.int32), mask=jnp.asarray(mask),
+                      rewards=jnp.asarray(np.array(rewards, np.float32).reshape(2, 3)))
+  w = np.asarray(replay_credit.tas_weights(mask, tas))
+  want = [[tas_reference(mask[b, g], tas) for g in range(3)] for b in range(2)]
+  np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-6)
+  base = np.asarray(credit.get('grpo')(r))
+  got = np.asarray(credit.get('tas')(r, tas=tas))
+  np.testing.assert_allclose(got, base * w, rtol=1e-5, atol=1e-6)
+  # TAS moves credit within a response: its sum over the response is GRPO's.
+  np.testing.assert_allclose(got.sum(-1), base.sum(-1), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(credit.get('avatar')(r, tas=tas)), got, atol=1e-7)
+  if tas == 0.0:  # no shaping: GRPO exactly, and AVATAR is R³'s estimator
+    np.testing.assert_array_equal(got, base)
+    np.testing.assert_array_equal(np.asarray(credit.get('avatar')(r, tas=0.0)),
+                                  np.asarray(credit.get('r3')(r)))
+
+
+def test_tas_upweights_the_first_and_last_tokens_and_refuses_bad_strengths():
+  w = np.asarray(replay_credit.tas_weights(np.arange(9) < 5, 1.0))
+  # n = 5: raw 2, 1.25, 1, 1.25, 2 (mean 1.5); ends 2x the middle token
+  np.testing.assert_allclose(w, [4 / 3, 5 / 6, 2 / 3, 5 / 6, 4 / 3, 0, 0, 0, 0], rtol=1e-6)
+  np.testing.assert_allclose(replay_credit.tas_weights(np.zeros(4, bool), 1.0), 0.0)
+  np.testing.assert_allclose(replay_credit.tas_weights(np.arange(4) < 1, 2.0), [1, 0, 0, 0])
+  for bad in (-0.5, float('nan'), float('inf')):
+    with pytest.raises(ValueError, match='tas'):
+      replay_credit.tas_weights(np.ones(3, bool), bad)
+
+
+def test_a_hyperparameter_one_method_lacks_is_refused_before_any_work(tmp_path):
+  from configs import replay as replay_config
+  from experiments.training import compare
+  cfg = replay_config.get_config('tas')
+  cfg.credit.hparams = {'tas': 0.0}
+  with pytest.raises(ValueError, match="'grpo' takes no hyperparameter tas"):
+    compare.check_comparison(cfg)  # credit.hparams goes to every method, GRPO included
+  with pytest.raises(ValueError, match="'grpo' takes no hyperparameter tas"):
+    loop.train(cfg, str(tmp_path), None, method='grpo:iid')
+  cfg.methods = 'tas:iid,avatar:iid'
+  compare.check_comparison(cfg)  # both take it
+  assert not (tmp_path / 'checkpoints').exists()

@@ -29,6 +29,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import credit
 from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as tempo_config
@@ -137,7 +138,8 @@ def check_comparison(cfg):
   """Refuses a comparison that would count one run twice: a method repeated in
   `config.methods` ('grpo' and 'grpo:iid' are the same), a seed repeated in `config.seeds`
   (a "mean ± std over 2 seeds" and a paired test of one seed's copies), a repeated lr
-  (as lr<lr:g> directories); and an empty seed list."""
+  (as lr<lr:g> directories); an empty seed list; and a `credit.hparams` key that one of the
+  methods' estimators does not take (every method of the comparison is passed all of them)."""
   methods = [loop.method_name(*m) for m in loop.parse_methods(cfg.methods)]
   twice = sorted({m for m in methods if methods.count(m) > 1})
   if twice:
@@ -151,6 +153,8 @@ def check_comparison(cfg):
     raise ValueError(f'config.seeds {seeds} repeats {", ".join(map(str, twice))}: a repeated '
                      'seed is the same run counted twice (in mean ± std and in the paired '
                      'tests); list every seed once')
+  for name in dict.fromkeys(m[0] for m in loop.parse_methods(cfg.methods)):
+    credit.check_hparams(name, dict(cfg.credit.hparams))  # shared by every method
   grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
   if len({f'{lr:g}' for lr in grid}) != len(grid):
     raise ValueError(f'lr_grid {tuple(grid)} has repeated values (as lr<lr:g> directories)')

@@ -1044,6 +1044,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   if method is not None:
     cfg = with_method(cfg, method)
   check_config(cfg)
+  credit.check_hparams(cfg.credit.name, dict(cfg.credit.hparams))
   method = method or f'{cfg.credit.name}:{cfg.sampler.name}'
   progress = cfg.progress if progress is None else progress
   problem = build_problem(cfg)
