@@ -1,5 +1,5 @@
 """CAST (the paper's recipe: GRPO + 0.1 x the asinh, batch-RMS-normalised step-count advantage
-from the environment's solver; `credit.agents.cast`) vs GRPO.
+from the environment's solver; `credit.turn_signals.cast`) vs GRPO.
 
 Environment `household`; `configs.agents.paper`: the agents' default budget (expert warm start,
 30 RL steps x 16 start states x G = 8) for every method, 5 seeds (issue 23 asks for CAST's

@@ -27,110 +27,25 @@ statistics span all groups).
 
 Registered in `credit.registry` under the same names with `needs=('turns',)`:
 `credit.get('gigpo')(rollouts)` reads `rollouts.turns` (a `Turns` with `token_turn`).
-`AGENT_ESTIMATORS` (turn level) and `AGENT_TOKEN_ESTIMATORS` list them by name.
+`AGENT_ESTIMATORS` (turn level) and `AGENT_TOKEN_ESTIMATORS` list them by name. `cast` and
+`igpo` live in `credit.turn_signals` (re-exported here); the shared pieces in
+`credit.turn_base`.
 """
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
 from credit.registry import register
 from credit.returns import reverse_linear_scan
-from credit.turns import (Turns, check_state_values, check_turn_shapes, discounted_returns,
-                          episode_returns, turn_to_tokens, validate_turns)
-from trees.step_graph import build_group, map_groups, unique_ids
-
-_EPS = 1e-6
-
-
-def _gather(values, index, fill=0.0):
-  """values[index], `fill` where index < 0 (one group)."""
-  n = values.shape[0]
-  return jnp.where(index >= 0, values[jnp.clip(index, 0, n - 1)], fill)
-
-
-def _weighted_norm(x, w, scale_by_std: bool, eps: float, tol=0.0):
-  """GRPO normalisation of x [M] where each entry counts w [M] times (w = 0: absent).
-
-  μ = Σ w x / Σ w, σ Bessel-corrected over the Σ w rows. All present x equal
-  (max − min <= tol) with more than one row -> exactly 0. One row in all gives
-  μ = 0, σ = 1 (GRPO's group of one).
-  """
-  w = w.astype(jnp.float32)
-  total = jnp.sum(w)
-  mean = jnp.sum(w * x) / jnp.maximum(total, 1.0)
-  var = jnp.sum(w * (x - mean) ** 2) / jnp.maximum(total - 1.0, 1.0)
-  one = total <= 1.0
-  adv = x - jnp.where(one, 0.0, mean)
-  if scale_by_std:
-    adv = adv / (jnp.where(one, 1.0, jnp.sqrt(var)) + eps)
-  present = w > 0
-  spread = jnp.max(jnp.where(present, x, -jnp.inf)) - jnp.min(jnp.where(present, x, jnp.inf))
-  equal = spread <= tol
-  return jnp.where(present & ~(equal & ~one), adv, 0.0)
-
-
-def _grpo(returns, scale_by_std=True, eps=_EPS):
-  """GRPO (Shao et al. 2024, eq. 3) over a group's episode returns [G] (as `credit.grpo`)."""
-  return _weighted_norm(returns, jnp.ones_like(returns), scale_by_std, eps)
-
-
-def _bucket_norm(x, bucket, valid, num_buckets, scale_by_std, eps, ddof=1):
-  """x − mean of its bucket (/ (std + eps)) over entries with the same bucket id.
-
-  x, bucket, valid: [M]. Buckets of one and buckets whose x are all equal give
-  exactly 0 (GiGPO's step groups). std is Bessel-corrected for ddof=1. A non-finite x
-  (possible only under jit, where inputs are not validated) makes its bucket NaN, a bucket
-  of one included, never 0 (`~(hi <= lo)`: NaN compares False).
-  """
-  seg = jnp.where(valid, bucket, num_buckets)
-  red = lambda op, v, ident: op(jnp.where(valid, v, ident), seg, num_segments=num_buckets + 1)
-  count = red(jax.ops.segment_sum, jnp.ones_like(x), 0.0)
-  mean = red(jax.ops.segment_sum, x, 0.0) / jnp.maximum(count, 1.0)
-  dev = x - mean[seg]
-  var = red(jax.ops.segment_sum, dev ** 2, 0.0) / jnp.maximum(count - ddof, 1.0)
-  lo, hi = red(jax.ops.segment_min, x, jnp.inf), red(jax.ops.segment_max, x, -jnp.inf)
-  adv = dev / (jnp.sqrt(var[seg]) + eps) if scale_by_std else dev
-  adv = jnp.where(valid & (count[seg] > 1) & ~(hi[seg] <= lo[seg]), adv, 0.0)
-  return jnp.where(valid & ~jnp.isfinite(x), jnp.nan, adv)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _run(fn, static, state_ids, rewards, turn_mask, success, params):
-  """fn(state_ids, rewards, turn_mask, success, *params, **static) for one group,
-  vmapped over the leading dims (jitted once per fn, static hparams and shapes)."""
-  one = lambda s, r, m, ok: fn(s, r, m, ok, *params, **dict(static))
-  return map_groups(one, state_ids.shape[:-2], state_ids, rewards, turn_mask, success)
-
-
-def _lift(fn, turns: Turns, params=(), **static):
-  """`_run` on the turns' arrays; params are traced, static hparams are hashable."""
-  check_turn_shapes(turns)
-  return _run(fn, tuple(sorted(static.items())), jnp.asarray(turns.state_ids),
-              jnp.asarray(turns.rewards, jnp.float32), jnp.asarray(turns.turn_mask, bool),
-              None if turns.success is None else jnp.asarray(turns.success, bool),
-              tuple(jnp.asarray(p, jnp.float32) for p in params))
-
-
-def _validated(fn):
-  """fn(turns, **hp) after `validate_turns(turns)` (values checked when concrete, so a NaN
-  reward or a broken turn_mask raises instead of giving numbers); `fn.__wrapped__` skips it
-  (the token wrappers validate once, tokens included)."""
-
-  @functools.wraps(fn)
-  def estimator(turns: Turns, *args, **hparams):
-    return fn(validate_turns(turns), *args, **hparams)
-
-  return estimator
-
-
-def _check_unit(name, value, closed_low=True):
-  if isinstance(value, jax.core.Tracer):  # traced hyperparameters are taken as they are
-    return
-  if not ((0.0 <= value if closed_low else 0.0 < value) and value <= 1.0):
-    raise ValueError(f"{name} must be in {'[' if closed_low else '('}0, 1]; got {value}.")
+from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _gather,
+                              _group_index, _grpo, _lift, _token_level, _validated,
+                              _weighted_norm)
+from credit.turn_signals import (CAST_COMPRESS, CAST_NORMALIZE, CAST_OUTCOMES,  # noqa: F401
+                                 CAST_SIGNALS, CAST_VALUE_DIFFERENCE, cast, igpo)
+from credit.turns import Turns, check_turn_shapes, discounted_returns, episode_returns
+from trees.step_graph import build_group, unique_ids
 
 
 # --------------------------------------------------------------------------- GiGPO
@@ -357,14 +272,6 @@ def gtpo(turns: Turns, gamma: float = 1.0, normalize: str = "group_turn",
                bool(scale_by_std))
 
 
-def _group_index(shape):
-  """(number of groups, int32 [..., G, K]: the flat index of each entry's group over the
-  leading dims)."""
-  *batch, g, k = shape
-  groups = math.prod(batch)
-  return groups, jnp.broadcast_to(jnp.arange(groups)[:, None, None], (groups, g, k)).reshape(shape)
-
-
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _gtpo(rewards, mask, gamma, eps, normalize, scale_by_std):
   returns = discounted_returns(rewards, mask, gamma)
@@ -378,150 +285,7 @@ def _gtpo(rewards, mask, gamma, eps, normalize, scale_by_std):
   return adv.reshape(mask.shape)
 
 
-# --------------------------------------------------------------------------- CAST
-
-
-def _per_state(turns: Turns, field: str, value, who: str, what: str):
-  """float32 [..., G, K+1]: `value`, else turns.<field>; a ValueError naming both if
-  neither is given or the shape is not state_ids'."""
-  check_turn_shapes(turns)
-  value = getattr(turns, field) if value is None else value
-  if value is None:
-    raise ValueError(f"{who} needs {field} [..., G, K+1] ({what}), as an argument or in "
-                     f"turns.{field}.")
-  elif jnp.shape(value) == jnp.shape(turns.state_ids):  # given as an argument: check values
-    check_state_values(field, value, turns.turn_mask, allow_neg_inf=field == "answer_logprobs")
-  value = jnp.asarray(value, jnp.float32)
-  if value.shape != jnp.shape(turns.state_ids):
-    raise ValueError(f"{field} must have state_ids' shape [..., G, K+1] = "
-                     f"{jnp.shape(turns.state_ids)}; got {value.shape}.")
-  return value
-
-
-CAST_SIGNALS = ("steps", "values")
-CAST_OUTCOMES = ("grpo", "none")
-CAST_COMPRESS = ("asinh", "none")
-CAST_NORMALIZE = ("batch_rms", "none")
-# CAST's first form in this project: the solver values' differences alone. With V = V^π
-# (an oracle) it is the TD error, the exact turn advantage in expectation
-# (`experiments/agent_credit_quality.py` scores it so).
-CAST_VALUE_DIFFERENCE = dict(signal="values", outcome="none", alpha=1.0, compress="none",
-                             normalize="none")
-
-
-@_validated
-def cast(turns: Turns, signal: str = "steps", outcome: str = "grpo", alpha: float = 0.1,
-         compress: str = "asinh", normalize: str = "batch_rms", scale_by_std: bool = True,
-         solver_steps=None, values_star=None, eps: float = _EPS):
-  """CAST (the seed abstract's solver-value injection; the recipe of the paper's public code):
-
-    A_k = A_outcome + α · n(c(d_k)),   d_k = N(s_k) − N(s_{k+1})   (signal 'steps')
-
-  N(s) the solver's count of turns still needed (`turns.solver_steps`), so d_k = 1 for a
-  turn that moves one step closer, 0 for one that changes nothing, −1 for one that moves
-  away. c = asinh (`compress`; 'none': identity); n divides by the root mean square of c
-  over every taken turn of the input batch (`normalize='batch_rms'`, 0 where all are 0;
-  'none': no division); A_outcome is GRPO over the group's episode returns on every taken
-  turn (`outcome='grpo'`, `scale_by_std`) or 0 ('none'); α = `alpha` (0.1 in the code).
-  signal 'values': d_k = V*(s_{k+1}) − V*(s_k) of `turns.values_star` instead.
-  `CAST_VALUE_DIFFERENCE` (values, no outcome, α 1, no compression or normalisation) is
-  this project's first form, A_k = V*(s_{k+1}) − V*(s_k), which telescopes to
-  V*(s_n) − V*(s_0); with an outcome-only reward it gives the solving move exactly 0
-  and collapsed household training (README, "Multi-turn agents").
-  Reading: the batch RMS spans the whole input (like `gtpo(normalize='batch')`), and α is
-  applied after normalising. Returns float32 [..., G, K], 0 on untaken turns.
-  """
-  for name, value, valid in (("signal", signal, CAST_SIGNALS),
-                             ("outcome", outcome, CAST_OUTCOMES),
-                             ("compress", compress, CAST_COMPRESS),
-                             ("normalize", normalize, CAST_NORMALIZE)):
-    if value not in valid:
-      raise ValueError(f"cast {name}={value!r}; valid: {', '.join(valid)}.")
-  if not (math.isfinite(alpha) and alpha >= 0):
-    raise ValueError(f"cast alpha must be finite and >= 0; got {alpha}.")
-  mask = jnp.asarray(turns.turn_mask, bool)
-  if signal == "steps":
-    n = _per_state(turns, "solver_steps", solver_steps, "cast",
-                   "the solver's turns-to-go N(s)")
-    d = n[..., :-1] - n[..., 1:]
-  else:
-    v = _per_state(turns, "values_star", values_star, "cast", "the solver's state values")
-    d = v[..., 1:] - v[..., :-1]
-  d = jnp.where(mask, d, 0.0)
-  if compress == "asinh":
-    d = jnp.arcsinh(d)
-  if normalize == "batch_rms":
-    rms = jnp.sqrt(jnp.sum(d * d) / jnp.maximum(jnp.sum(mask), 1))
-    # All zero: 0. A NaN (only under jit, unvalidated) stays NaN: `rms == 0` is False.
-    d = jnp.where(rms == 0, 0.0, d / jnp.where(rms == 0, 1.0, rms))
-  adv = alpha * d
-  if outcome == "grpo":
-    returns = episode_returns(turns.rewards, mask)
-    base = jax.vmap(lambda r: _grpo(r, scale_by_std, eps))(
-        returns.reshape(-1, returns.shape[-1])).reshape(returns.shape)
-    adv = adv + base[..., None]
-  return jnp.where(mask, adv, 0.0)
-
-
-# --------------------------------------------------------------------------- IGPO
-
-
-@_validated
-def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: bool = True,
-         eps: float = _EPS):
-  """IGPO (Wang et al. 2025): information-gain turn rewards, group-normalised, discounted.
-
-  p_k = exp(answer_logprobs_k), the policy's (length-normalised, i.e. geometric-mean
-  per-token) probability of the gold answer given the history before turn k, from
-  probe forward passes (default `turns.answer_logprobs`, [..., G, K+1]).
-  Turn reward: r_k = p_{k+1} − p_k (the information gain of turn k) on every taken
-  turn but the last, whose reward is the outcome instead; the environment's own
-  turn rewards are added throughout (0 except the outcome for outcome-only tasks).
-  The rewards of all taken turns of the group are z-normalised together (mean and
-  Bessel std over the Σ n_g turns, ε; one turn in all, or all equal, gives 0), and
-  a turn's advantage is the discounted sum of the normalised rewards from it on,
-  A_k = Σ_{j≥k} γ^{j−k} r̃_j. Outcome counterpart (tested): with one turn per
-  trajectory it is GRPO. Returns float32 [..., G, K], 0 on untaken turns.
-  """
-  _check_unit("gamma", gamma)
-  answer_logprobs = _per_state(turns, "answer_logprobs", answer_logprobs, "igpo",
-                               "probe log-probs of the gold answer")
-  return _igpo(jnp.asarray(turns.rewards, jnp.float32), jnp.asarray(turns.turn_mask, bool),
-               answer_logprobs, jnp.asarray(gamma, jnp.float32), jnp.asarray(eps, jnp.float32),
-               bool(scale_by_std))
-
-
-@functools.partial(jax.jit, static_argnums=(5,))
-def _igpo(rewards, mask, answer_logprobs, gamma, eps, scale_by_std):
-  p = jnp.exp(answer_logprobs)
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
-  reward = rewards + jnp.where(last, 0.0, p[..., 1:] - p[..., :-1])
-  groups, group = _group_index(mask.shape)
-  norm = _bucket_norm(reward.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
-                      scale_by_std, eps)
-  return discounted_returns(norm.reshape(mask.shape), mask, gamma)
-
-
 # --------------------------------------------------------------------------- tokens
-
-
-def _token_level(fn):
-  @functools.wraps(fn)
-  def tokens(rollouts, turns: Turns, **hparams):
-    if turns.token_turn is None:
-      raise ValueError(f"{fn.__name__}_tokens needs turns.token_turn [..., G, L].")
-    if jnp.shape(turns.token_turn) != jnp.shape(rollouts.mask):
-      raise ValueError(f"turns.token_turn {jnp.shape(turns.token_turn)} must have the "
-                       f"tokens' shape {jnp.shape(rollouts.mask)}.")
-    validate_turns(turns, rollouts)
-    adv = turn_to_tokens(fn.__wrapped__(turns, **hparams), turns.token_turn)
-    return jnp.where(rollouts.mask, adv, 0.0)
-
-  tokens.__name__ = f"{fn.__name__}_tokens"
-  tokens.__doc__ = (f"`{fn.__name__}` spread over tokens: (rollouts, turns, **hparams) -> "
-                    f"float32 [..., G, L], 0 where token_turn < 0 or mask is False.\n\n"
-                    f"{fn.__doc__}")
-  return tokens
 
 
 gigpo_tokens = _token_level(gigpo)
@@ -539,17 +303,6 @@ AGENT_TOKEN_ESTIMATORS = {"gigpo": gigpo_tokens, "gagpo": gagpo_tokens, "salt": 
                           "cast": cast_tokens, "igpo": igpo_tokens}
 # The optional `Turns` fields an estimator reads besides state ids, rewards and the turn mask.
 TURN_NEEDS = {"cast": ("solver_steps", "values_star"), "igpo": ("answer_logprobs",)}
-
-
-def _from_rollouts(name, fn):
-  def estimator(rollouts, **hparams):
-    if rollouts.turns is None:
-      raise ValueError(f"credit estimator {name!r} needs rollouts.turns (a credit.turns.Turns "
-                       f"of multi-turn trajectories); got None.")
-    return fn(rollouts, rollouts.turns, **hparams)
-
-  estimator.__name__, estimator.__doc__ = name, fn.__doc__
-  return estimator
 
 
 for _name, _fn in AGENT_TOKEN_ESTIMATORS.items():

@@ -12,11 +12,11 @@ is registered, like `credit.agents`' estimators, as a token-level estimator read
 
 import jax.numpy as jnp
 
-from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
-                           _token_level, _validated)
 from credit.outcome import grpo_per_response
 from credit.registry import register
 from credit.rollouts import Rollouts
+from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
+                              _token_level, _validated)
 from credit.turns import Turns, discounted_returns, episode_returns
 from trees.step_graph import map_groups
 

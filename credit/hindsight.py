@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from credit.implied_values import _step_sums  # each token's step total
 from credit.outcome import grpo_per_response
 from credit.probes import _normalised_over_group
-from credit.agents import _EPS, _grpo
 from credit.registry import register
 from credit.rollouts import Rollouts, reasoning_steps
+from credit.turn_base import _EPS, _grpo
 from trees.step_graph import map_groups
 
 

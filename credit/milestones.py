@@ -18,12 +18,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from credit.agents import (_EPS, _bucket_norm, _check_unit, _grpo, _token_level, _validated,
-                           _from_rollouts)
 from credit.groups import masked_whiten
 from credit.registry import register
 from credit.returns import reverse_linear_scan
 from credit.rollouts import Rollouts
+from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _grpo, _token_level, _validated,
+                              _from_rollouts)
 from credit.turns import Turns, check_turn_shapes, episode_returns, turn_to_tokens
 from credit.values import turn_values
 from trees.step_graph import map_groups

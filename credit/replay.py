@@ -12,10 +12,10 @@ import math
 
 import jax.numpy as jnp
 
-from credit.agents import _bucket_norm
 from credit.outcome import grpo
 from credit.registry import register
 from credit.rollouts import Rollouts
+from credit.turn_base import _bucket_norm
 from trees.step_graph import map_groups
 
 

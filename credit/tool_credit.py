@@ -16,10 +16,10 @@ token-level estimators reading `rollouts.turns`.
 import jax
 import jax.numpy as jnp
 
-from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index,
-                           _token_level, _validated)
 from credit.expert_traces import _outcome_and_turn_terms, episode_grpo
 from credit.registry import register
+from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index,
+                              _token_level, _validated)
 from credit.turns import Turns
 
 

@@ -12,11 +12,12 @@ scores them).
 import jax
 import jax.numpy as jnp
 
-from credit.agents import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index, _grpo,
-                           _token_level, _validated, gtpo)
+from credit.agents import gtpo
 from credit.groups import loo_centred
 from credit.registry import register
 from credit.returns import reverse_linear_scan
+from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _from_rollouts, _group_index,
+                              _grpo, _token_level, _validated)
 from credit.turns import Turns, check_turn_shapes, episode_returns
 from trees.step_graph import map_groups
 

@@ -50,7 +50,7 @@ trajectories with `turns.token_turn`, the sampling policy's exact log π(a_k | s
 entropy H(π(· | s_k)) on each action token (Sokoban's uniform π: the same on every turn, so
 taura and copo_turns are GRPO there), and for the critic-based two V^π_k(s_k) as the
 critic's value: an oracle critic, the upper bound of a learned one, with the benchmark's γ.
-cast is scored in its value-difference form (`credit.agents.CAST_VALUE_DIFFERENCE`: the
+cast is scored in its value-difference form (`credit.turn_signals.CAST_VALUE_DIFFERENCE`: the
 training default is the paper's step-count recipe, which needs solver step counts) and
 fed values_star_k = R_{<k} + V(s_k), V plus the reward collected before turn
 k, so that a finished episode's last slot holds its return (for goal-only rewards

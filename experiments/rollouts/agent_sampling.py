@@ -493,7 +493,7 @@ def expert_episodes(env, key, num_groups: int, *, num_turns: Optional[int] = Non
 
 
 def solver_values(episodes: Episodes, env, gamma: float = 1.0) -> jax.Array:
-  """float32 [B, G, K+1]: R_{<k} + V*(s_k) for CAST (`credit.agents.cast`), from the
+  """float32 [B, G, K+1]: R_{<k} + V*(s_k) for CAST (`credit.turn_signals.cast`), from the
   environment's solver distances d (`episodes.distances`): for an outcome reward of 1,
   V*(s) = γ^(d−1), and 0 where d = 0 (solved, or a terminal state), plus the reward
   collected before turn k, so that a finished trajectory's last value is its return.
@@ -606,7 +606,7 @@ def match_actions(actions, turn_mask, reference, reference_mask):
 
 def solver_steps(episodes: Episodes, env) -> jax.Array:
   """float32 [B, G, K+1]: N(s_k), the solver's turns still needed to succeed from each state
-  (`episodes.distances`; CAST's step-count advantage, `credit.agents.cast`). Reading: a
+  (`episodes.distances`; CAST's step-count advantage, `credit.turn_signals.cast`). Reading: a
   trajectory that ended without success at a state of distance 0 (webshop: any purchase
   ends the episode with distance 0) keeps its previous state's count there, so the
   failing last turn gets no step-count credit (the outcome term scores it); household's

@@ -1,0 +1,121 @@
+"""Turn credit from a per-turn signal besides the outcome: CAST's solver step counts or values
+and IGPO's information gain (probe log-probs of the gold answer). `fn(turns, **hparams) ->
+advantages [..., G, K]`, validated as `credit.agents`' estimators; registered (as token-level
+estimators reading `rollouts.turns`) by `credit.agents`."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _group_index, _grpo, _per_state,
+                              _validated)
+from credit.turns import Turns, discounted_returns, episode_returns
+
+# --------------------------------------------------------------------------- CAST
+
+
+CAST_SIGNALS = ("steps", "values")
+CAST_OUTCOMES = ("grpo", "none")
+CAST_COMPRESS = ("asinh", "none")
+CAST_NORMALIZE = ("batch_rms", "none")
+# CAST's first form in this project: the solver values' differences alone. With V = V^π
+# (an oracle) it is the TD error, the exact turn advantage in expectation
+# (`experiments/agent_credit_quality.py` scores it so).
+CAST_VALUE_DIFFERENCE = dict(signal="values", outcome="none", alpha=1.0, compress="none",
+                             normalize="none")
+
+
+@_validated
+def cast(turns: Turns, signal: str = "steps", outcome: str = "grpo", alpha: float = 0.1,
+         compress: str = "asinh", normalize: str = "batch_rms", scale_by_std: bool = True,
+         solver_steps=None, values_star=None, eps: float = _EPS):
+  """CAST (the seed abstract's solver-value injection; the recipe of the paper's public code):
+
+    A_k = A_outcome + α · n(c(d_k)),   d_k = N(s_k) − N(s_{k+1})   (signal 'steps')
+
+  N(s) the solver's count of turns still needed (`turns.solver_steps`), so d_k = 1 for a
+  turn that moves one step closer, 0 for one that changes nothing, −1 for one that moves
+  away. c = asinh (`compress`; 'none': identity); n divides by the root mean square of c
+  over every taken turn of the input batch (`normalize='batch_rms'`, 0 where all are 0;
+  'none': no division); A_outcome is GRPO over the group's episode returns on every taken
+  turn (`outcome='grpo'`, `scale_by_std`) or 0 ('none'); α = `alpha` (0.1 in the code).
+  signal 'values': d_k = V*(s_{k+1}) − V*(s_k) of `turns.values_star` instead.
+  `CAST_VALUE_DIFFERENCE` (values, no outcome, α 1, no compression or normalisation) is
+  this project's first form, A_k = V*(s_{k+1}) − V*(s_k), which telescopes to
+  V*(s_n) − V*(s_0); with an outcome-only reward it gives the solving move exactly 0
+  and collapsed household training (README, "Multi-turn agents").
+  Reading: the batch RMS spans the whole input (like `gtpo(normalize='batch')`), and α is
+  applied after normalising. Returns float32 [..., G, K], 0 on untaken turns.
+  """
+  for name, value, valid in (("signal", signal, CAST_SIGNALS),
+                             ("outcome", outcome, CAST_OUTCOMES),
+                             ("compress", compress, CAST_COMPRESS),
+                             ("normalize", normalize, CAST_NORMALIZE)):
+    if value not in valid:
+      raise ValueError(f"cast {name}={value!r}; valid: {', '.join(valid)}.")
+  if not (math.isfinite(alpha) and alpha >= 0):
+    raise ValueError(f"cast alpha must be finite and >= 0; got {alpha}.")
+  mask = jnp.asarray(turns.turn_mask, bool)
+  if signal == "steps":
+    n = _per_state(turns, "solver_steps", solver_steps, "cast",
+                   "the solver's turns-to-go N(s)")
+    d = n[..., :-1] - n[..., 1:]
+  else:
+    v = _per_state(turns, "values_star", values_star, "cast", "the solver's state values")
+    d = v[..., 1:] - v[..., :-1]
+  d = jnp.where(mask, d, 0.0)
+  if compress == "asinh":
+    d = jnp.arcsinh(d)
+  if normalize == "batch_rms":
+    rms = jnp.sqrt(jnp.sum(d * d) / jnp.maximum(jnp.sum(mask), 1))
+    # All zero: 0. A NaN (only under jit, unvalidated) stays NaN: `rms == 0` is False.
+    d = jnp.where(rms == 0, 0.0, d / jnp.where(rms == 0, 1.0, rms))
+  adv = alpha * d
+  if outcome == "grpo":
+    returns = episode_returns(turns.rewards, mask)
+    base = jax.vmap(lambda r: _grpo(r, scale_by_std, eps))(
+        returns.reshape(-1, returns.shape[-1])).reshape(returns.shape)
+    adv = adv + base[..., None]
+  return jnp.where(mask, adv, 0.0)
+
+
+# --------------------------------------------------------------------------- IGPO
+
+
+@_validated
+def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: bool = True,
+         eps: float = _EPS):
+  """IGPO (Wang et al. 2025): information-gain turn rewards, group-normalised, discounted.
+
+  p_k = exp(answer_logprobs_k), the policy's (length-normalised, i.e. geometric-mean
+  per-token) probability of the gold answer given the history before turn k, from
+  probe forward passes (default `turns.answer_logprobs`, [..., G, K+1]).
+  Turn reward: r_k = p_{k+1} − p_k (the information gain of turn k) on every taken
+  turn but the last, whose reward is the outcome instead; the environment's own
+  turn rewards are added throughout (0 except the outcome for outcome-only tasks).
+  The rewards of all taken turns of the group are z-normalised together (mean and
+  Bessel std over the Σ n_g turns, ε; one turn in all, or all equal, gives 0), and
+  a turn's advantage is the discounted sum of the normalised rewards from it on,
+  A_k = Σ_{j≥k} γ^{j−k} r̃_j. Outcome counterpart (tested): with one turn per
+  trajectory it is GRPO. Returns float32 [..., G, K], 0 on untaken turns.
+  """
+  _check_unit("gamma", gamma)
+  answer_logprobs = _per_state(turns, "answer_logprobs", answer_logprobs, "igpo",
+                               "probe log-probs of the gold answer")
+  return _igpo(jnp.asarray(turns.rewards, jnp.float32), jnp.asarray(turns.turn_mask, bool),
+               answer_logprobs, jnp.asarray(gamma, jnp.float32), jnp.asarray(eps, jnp.float32),
+               bool(scale_by_std))
+
+
+@functools.partial(jax.jit, static_argnums=(5,))
+def _igpo(rewards, mask, answer_logprobs, gamma, eps, scale_by_std):
+  p = jnp.exp(answer_logprobs)
+  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
+  reward = rewards + jnp.where(last, 0.0, p[..., 1:] - p[..., :-1])
+  groups, group = _group_index(mask.shape)
+  norm = _bucket_norm(reward.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
+                      scale_by_std, eps)
+  return discounted_returns(norm.reshape(mask.shape), mask, gamma)
+
