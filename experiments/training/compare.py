@@ -140,7 +140,8 @@ def check_comparison(cfg):
   (a "mean ± std over 2 seeds" and a paired test of one seed's copies), a repeated lr
   (as lr<lr:g> directories); an empty seed list; and a `credit.hparams` key that one of the
   methods' estimators does not take (every method of the comparison is passed all of them)."""
-  methods = [loop.method_name(*m) for m in loop.parse_methods(cfg.methods)]
+  parsed = loop.parse_methods(cfg.methods)
+  methods = [loop.method_name(*m) for m in parsed]
   twice = sorted({m for m in methods if methods.count(m) > 1})
   if twice:
     raise ValueError(f'config.methods {cfg.methods!r} repeats {", ".join(twice)}: each '
@@ -153,7 +154,7 @@ def check_comparison(cfg):
     raise ValueError(f'config.seeds {seeds} repeats {", ".join(map(str, twice))}: a repeated '
                      'seed is the same run counted twice (in mean ± std and in the paired '
                      'tests); list every seed once')
-  for name in dict.fromkeys(m[0] for m in loop.parse_methods(cfg.methods)):
+  for name in dict.fromkeys(m[0] for m in parsed):
     credit.check_hparams(name, dict(cfg.credit.hparams))  # shared by every method
   grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
   if len({f'{lr:g}' for lr in grid}) != len(grid):
