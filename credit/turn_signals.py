@@ -13,6 +13,7 @@ from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _group_index, _gr
                               _validated)
 from credit.turns import Turns, discounted_returns, episode_returns
 
+
 # --------------------------------------------------------------------------- CAST
 
 
