@@ -5,6 +5,7 @@ input validation, the token spreading wrapper and the registry adapter that read
 `rollouts.turns`."""
 
 import functools
+import inspect
 import math
 
 import jax
@@ -157,4 +158,9 @@ def _from_rollouts(name, fn):
     return fn(rollouts, rollouts.turns, **hparams)
 
   estimator.__name__, estimator.__doc__ = name, fn.__doc__
+  # The signature callers see (`credit.hparam_names`): rollouts, then the turn function's
+  # hyperparameters (`fn` is a token wrapper whose signature follows __wrapped__ to it).
+  turn_params = list(inspect.signature(fn).parameters.values())[1:]
+  estimator.__signature__ = inspect.Signature(
+      [inspect.Parameter("rollouts", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + turn_params)
   return estimator

@@ -268,3 +268,7 @@ def test_a_hyperparameter_one_method_lacks_is_refused_before_any_work(tmp_path):
   cfg.methods = 'tas:iid,avatar:iid'
   compare.check_comparison(cfg)  # both take it
   assert not (tmp_path / 'checkpoints').exists()
+  # The turn estimators' registered adapters expose their turn functions' hyperparameters.
+  credit.check_hparams('gigpo', {'gamma': 0.9, 'omega': 0.5})
+  with pytest.raises(ValueError, match="'gigpo' takes no hyperparameter tas"):
+    credit.check_hparams('gigpo', {'gamma': 0.9, 'tas': 1.0})
