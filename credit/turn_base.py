@@ -11,8 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from credit.turns import (Turns, check_state_values, check_turn_shapes, turn_to_tokens,
-                          validate_turns)
+from credit.turns import Turns, check_turn_shapes, turn_to_tokens, validate_turns
 from trees.step_graph import map_groups
 
 _EPS = 1e-6
@@ -112,23 +111,6 @@ def _group_index(shape):
   *batch, g, k = shape
   groups = math.prod(batch)
   return groups, jnp.broadcast_to(jnp.arange(groups)[:, None, None], (groups, g, k)).reshape(shape)
-
-
-def _per_state(turns: Turns, field: str, value, who: str, what: str):
-  """float32 [..., G, K+1]: `value`, else turns.<field>; a ValueError naming both if
-  neither is given or the shape is not state_ids'."""
-  check_turn_shapes(turns)
-  value = getattr(turns, field) if value is None else value
-  if value is None:
-    raise ValueError(f"{who} needs {field} [..., G, K+1] ({what}), as an argument or in "
-                     f"turns.{field}.")
-  elif jnp.shape(value) == jnp.shape(turns.state_ids):  # given as an argument: check values
-    check_state_values(field, value, turns.turn_mask, allow_neg_inf=field == "answer_logprobs")
-  value = jnp.asarray(value, jnp.float32)
-  if value.shape != jnp.shape(turns.state_ids):
-    raise ValueError(f"{field} must have state_ids' shape [..., G, K+1] = "
-                     f"{jnp.shape(turns.state_ids)}; got {value.shape}.")
-  return value
 
 
 def _token_level(fn):

@@ -9,9 +9,26 @@ import math
 import jax
 import jax.numpy as jnp
 
-from credit.turn_base import (_EPS, _bucket_norm, _check_unit, _group_index, _grpo, _per_state,
-                              _validated)
-from credit.turns import Turns, discounted_returns, episode_returns
+from credit.turn_base import _EPS, _bucket_norm, _check_unit, _group_index, _grpo, _validated
+from credit.turns import (Turns, check_state_values, check_turn_shapes, discounted_returns,
+                          episode_returns)
+
+
+def _per_state(turns: Turns, field: str, value, who: str, what: str):
+  """float32 [..., G, K+1]: `value`, else turns.<field>; a ValueError naming both if
+  neither is given or the shape is not state_ids'."""
+  check_turn_shapes(turns)
+  value = getattr(turns, field) if value is None else value
+  if value is None:
+    raise ValueError(f"{who} needs {field} [..., G, K+1] ({what}), as an argument or in "
+                     f"turns.{field}.")
+  elif jnp.shape(value) == jnp.shape(turns.state_ids):  # given as an argument: check values
+    check_state_values(field, value, turns.turn_mask, allow_neg_inf=field == "answer_logprobs")
+  value = jnp.asarray(value, jnp.float32)
+  if value.shape != jnp.shape(turns.state_ids):
+    raise ValueError(f"{field} must have state_ids' shape [..., G, K+1] = "
+                     f"{jnp.shape(turns.state_ids)}; got {value.shape}.")
+  return value
 
 
 # --------------------------------------------------------------------------- CAST

@@ -338,12 +338,15 @@ class AgentProblem:
                    n=ecfg.num_prompts)
     return start if library is None else _attach(start, self._library(library), env=self.env)
 
-  def greedy_episodes(self, params, ecfg, library=None) -> ags.Episodes:
-    """The greedy episodes `evaluate` scores, one per held-out start state."""
+  def greedy_episodes(self, params, ecfg, library=None, start=None) -> ags.Episodes:
+    """The greedy episodes `evaluate` scores, one per held-out start state (`start`: those
+    of `eval_starts(ecfg, library)`, if the caller has them)."""
+    if start is None:
+      start = self.eval_starts(ecfg, library)
     return ags.sample_episodes(params, self.pcfg, self.env,
                                jax.random.fold_in(jax.random.PRNGKey(ecfg.seed), 1),
                                ecfg.num_prompts, 1, 0.0, num_turns=self.num_turns,
-                               start=self.eval_starts(ecfg, library), vocab=self.vocab)
+                               start=start, vocab=self.vocab)
 
   def evaluate(self, params, ecfg, library=None) -> dict:
     """Greedy success rate and return on eval.num_prompts held-out episodes (a fixed key,
@@ -351,7 +354,7 @@ class AgentProblem:
     with `library`, the episodes read the experience library (SLEA-RL's policy and library)."""
     key = jax.random.PRNGKey(ecfg.seed)
     start = self.eval_starts(ecfg, library)
-    greedy = self.greedy_episodes(params, ecfg, library)
+    greedy = self.greedy_episodes(params, ecfg, start=start)
     sub = jax.tree.map(lambda x: x[:ecfg.pass_prompts], start)
     samples = ags.sample_episodes(params, self.pcfg, self.env, jax.random.fold_in(key, 2),
                                   ecfg.pass_prompts, ecfg.pass_k, 1.0, num_turns=self.num_turns,
