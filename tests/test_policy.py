@@ -140,3 +140,30 @@ def test_token_logprobs_is_differentiable(params):
   leaves = jax.tree.leaves(grads)
   assert all(np.all(np.isfinite(g)) for g in leaves)
   assert all(np.any(g != 0) for g in leaves)
+
+
+@pytest.mark.parametrize('chunk', [1, 3, 5, 16])
+def test_chunked_causal_attention_equals_dense(params, fwd, chunk):
+  """`attn_chunk` (queries in chunks, keys up to each chunk's end) is the dense causal
+  attention: logits, right-padded teacher forcing and gradients, at chunk sizes that do and
+  do not divide T = 12 (and one larger than T)."""
+  cfg = dataclasses.replace(CFG, attn_chunk=chunk)
+  tokens = _tokens(10, (3, 12))
+  np.testing.assert_allclose(decoder.forward(params, cfg, tokens), fwd(params, tokens),
+                             atol=ATOL)
+  lens = jnp.asarray([2, 5, 1])
+  prompts, responses = jnp.asarray(_tokens(11, (3, 5))), jnp.asarray(_tokens(12, (3, 7)))
+  loss = lambda c: lambda pa: decoder.token_logprobs(pa, c, prompts, responses, lens)[0].sum()
+  g_chunk, g_dense = (jax.jit(jax.grad(loss(c)))(params) for c in (cfg, CFG))
+  for a, b in zip(jax.tree.leaves(g_chunk), jax.tree.leaves(g_dense)):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+  logits, cache = decoder.prefill(params, cfg, tokens[:, :7])
+  ref, ref_cache = decoder.prefill(params, CFG, tokens[:, :7])
+  np.testing.assert_allclose(logits, ref, atol=ATOL)
+  np.testing.assert_allclose(cache.k, ref_cache.k, atol=ATOL)
+
+
+def test_attn_chunk_is_validated():
+  for bad in (-1, 2.0):
+    with pytest.raises(ValueError, match='attn_chunk'):
+      decoder.PolicyConfig(vocab_size=14, attn_chunk=bad)

@@ -57,6 +57,9 @@ class PolicyConfig:
   tie_embeddings: bool = False  # Output head = embedding matrix transposed.
   attn_bias: bool = False  # Biases on q, k, v (Qwen2).
   remat: bool = False  # Recompute each block in the backward pass (saves memory).
+  # > 0: self-attention within a call in query chunks of this many positions, each against
+  # the keys up to its own end (`causal_attention`); 0 = one dense [T, T] block.
+  attn_chunk: int = 0
   lora_rank: int = 0  # > 0: LoRA adapters (qwix) on every block projection.
   lora_alpha: float = 16.0
   # Pretrained-architecture options; the defaults are the toy policy / SmolLM2.
@@ -83,6 +86,9 @@ class PolicyConfig:
       raise ValueError(f'rope_factor must be > 0, got {self.rope_factor}')
     if self.head_dim % 2:
       raise ValueError(f'RoPE needs an even head_dim, got {self.head_dim}')
+    if not (isinstance(self.attn_chunk, int) and self.attn_chunk >= 0):
+      raise ValueError(f'attn_chunk must be an int >= 0 (0: no chunking), got '
+                       f'{self.attn_chunk!r}')
     if self.num_heads % self.kv_heads:
       raise ValueError(f'num_heads={self.num_heads} not divisible by '
                        f'num_kv_heads={self.kv_heads}')
@@ -258,6 +264,25 @@ def attention(q, keys, values, visible, cfg: 'PolicyConfig'):
   probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
   attn = jnp.einsum('bkrts,bskd->btkrd', probs, values)
   return attn.reshape(attn.shape[:2] + (cfg.num_heads, cfg.head_dim))
+
+
+def causal_attention(q, k, v, positions, cfg: 'PolicyConfig'):
+  """Self-attention within one call: q [B, T, H, Dh], k / v [B, T, K, Dh], positions
+  [B, T]; key s is visible to query t iff positions[s] <= positions[t] -> [B, T, H, Dh].
+
+  `cfg.attn_chunk` = C > 0 runs the queries in chunks of C, each against the keys up to the
+  chunk's end only: the (T / C)(T / C + 1) / 2 causal blocks instead of all (T / C)^2, exact
+  whenever positions increase along each row (a later slot is then never visible), as in
+  every forward and prefill here (`forward`, `response_hidden`, `prefill`). Measured on 2
+  CPU cores (d = 64, 2 layers, 32 rows of T = 1,454, a grad step): 15.2 s dense, 5.4 s at
+  C = 128; at T = 320, 0.66 s -> 0.47 s (C = 64).
+  """
+  t = q.shape[1]
+  c = cfg.attn_chunk or t
+  outs = [attention(q[:, s:s + c], k[:, :s + c], v[:, :s + c],
+                    positions[:, None, :s + c] <= positions[:, s:s + c, None], cfg)
+          for s in range(0, t, c)]
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 def block_attention(q, k, v, pair_q, pair_k, mask, cfg: 'PolicyConfig'):
@@ -450,7 +475,7 @@ class Block(nn.Module):
       attn = packed_attention(q, k, v, pack, cfg)
     else:
       if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
-        keys, values, key_pos = k, v, positions
+        keys = None
       elif cache.k.shape[1] != x.shape[0]:  # `prefill` into a cache of repeated rows:
         # n = cache rows / call rows copies of each row's keys and values, written at
         # slots [0, T) of rows b * n .. b * n + n - 1 (a prefill starts at position 0),
@@ -460,7 +485,7 @@ class Block(nn.Module):
             c, jnp.repeat(a.astype(c.dtype), n, axis=0, total_repeat_length=c.shape[1])[None],
             (layer, 0, 0, 0, 0))
         cache = KVCache(k=put(cache.k, k), v=put(cache.v, v))
-        keys, values, key_pos = k, v, positions
+        keys = None
       else:  # Write at `positions`, then attend over all S slots.
         rows = jnp.arange(x.shape[0])[:, None]
         cache = KVCache(
@@ -471,7 +496,8 @@ class Block(nn.Module):
       if cache is not None:  # [layers, rows, slots, K, Dh]: kv heads over 'model'
         cache = jax.tree.map(lambda c: constrain(c, (None, 'rows', None, 'kv_heads', None)),
                              cache)
-      attn = attention(q, keys, values, key_pos[:, None, :] <= positions[:, :, None], cfg)
+      attn = (causal_attention(q, k, v, positions, cfg) if keys is None else
+              attention(q, keys, values, key_pos[:, None, :] <= positions[:, :, None], cfg))
     # Row-parallel o: its input heads split, its output summed over 'model' (whole rows).
     attn = constrain(attn, heads)
     stream = ('rows', None, 'embed')
