@@ -119,8 +119,21 @@ def test_config_errors_list_valid_choices():
   with pytest.raises(ValueError, match='unknown sampler.*tree_entropy'):
     loop.parse_methods('tempo:beam')
   # 'credit:sampler[:policy loss]': the loss part sets loss.policy_loss for that method only.
-  assert loop.parse_methods('grpo,grpo:iid:apa') == [('grpo', 'iid', ''), ('grpo', 'iid', 'apa')]
+  assert loop.parse_methods('grpo,grpo:iid:apa') == [('grpo', 'iid', '', ()),
+                                                     ('grpo', 'iid', 'apa', ())]
   assert loop.method_name('grpo', 'iid', 'apa') == 'grpo:iid:apa'
+  # 'credit[key=value,...]': the method's own credit.hparams (Python literals, sorted keys).
+  parsed = loop.parse_methods('tas[tas=0.5,]:iid:apa,avatar[tas=0, scale_by_std=False]')
+  assert parsed == [('tas', 'iid', 'apa', (('tas', 0.5),)),
+                    ('avatar', 'iid', '', (('scale_by_std', False), ('tas', 0)))]
+  assert [loop.method_name(*m) for m in parsed] == ['tas[tas=0.5]:iid:apa',
+                                                    'avatar[scale_by_std=False,tas=0]:iid']
+  for bad, why in [('tas[tas=0', 'unbalanced'), ('tas[tas]:iid', 'key=value'),
+                   ('tas[tas=0,tas=1]', 'each key once'), ('tas[tas=x]', 'literals'),
+                   ('grpo:iid[tas=1]', 'right after the estimator'),
+                   ('tas[tas=0]iid', 'right after the estimator')]:
+    with pytest.raises(ValueError, match=why):
+      loop.parse_methods(bad)
   assert loop.with_method(cfg, 'grpo:iid:apa').loss.policy_loss == 'apa'
   assert loop.with_method(cfg, 'grpo:iid').loss.policy_loss == cfg.loss.policy_loss == 'clip'
   with pytest.raises(ValueError, match="unknown policy loss 'ppo2'.*rgra"):

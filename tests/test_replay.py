@@ -268,6 +268,21 @@ def test_a_hyperparameter_one_method_lacks_is_refused_before_any_work(tmp_path):
   cfg.methods = 'tas:iid,avatar:iid'
   compare.check_comparison(cfg)  # both take it
   assert not (tmp_path / 'checkpoints').exists()
+  # Per-method hyperparameters: GRPO beside two strengths of the same estimator.
+  cfg.credit.hparams = {}
+  cfg.methods = 'grpo:iid,avatar[tas=0]:iid,avatar[tas=0.5]:iid'
+  compare.check_comparison(cfg)
+  runs = [loop.with_method(cfg, m) for m in ('grpo:iid', 'avatar[tas=0.5]:iid')]
+  assert [dict(r.credit.hparams) for r in runs] == [{}, {'tas': 0.5}]
+  cfg.methods = 'grpo[tas=1]:iid,avatar:iid'
+  with pytest.raises(ValueError, match="'grpo' takes no hyperparameter tas"):
+    compare.check_comparison(cfg)
+  cfg.methods, cfg.credit.hparams = 'tas[tas=0]:iid,tas:iid', {'tas': 2.0}
+  compare.check_comparison(cfg)  # the method's own value over the shared one
+  assert loop.with_method(cfg, 'tas[tas=0]:iid').credit.hparams['tas'] == 0
+  cfg.methods = 'tas[tas=0]:iid,tas[tas=0]:iid'
+  with pytest.raises(ValueError, match=r'repeats tas\[tas=0\]:iid'):
+    compare.check_comparison(cfg)
   # The turn estimators' registered adapters expose their turn functions' hyperparameters.
   credit.check_hparams('gigpo', {'gamma': 0.9, 'omega': 0.5})
   with pytest.raises(ValueError, match="'gigpo' takes no hyperparameter tas"):

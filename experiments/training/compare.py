@@ -100,7 +100,7 @@ def matched_budget(rows_by_method: dict, x_key: str = 'generated_tokens_total') 
 def baseline_for(method: str, methods, baseline: str):
   """GRPO on the method's own sampler if run (and not the method itself), else `baseline`;
   None for the baseline itself or when the baseline was not run."""
-  (base_credit, _, _), = loop.parse_methods(baseline)
+  (base_credit, *_), = loop.parse_methods(baseline)
   same = f'{base_credit}:{method.split(":")[1]}'
   ref = same if same in methods and same != method else baseline
   return ref if ref in methods and ref != method else None
@@ -154,8 +154,8 @@ def check_comparison(cfg):
     raise ValueError(f'config.seeds {seeds} repeats {", ".join(map(str, twice))}: a repeated '
                      'seed is the same run counted twice (in mean ± std and in the paired '
                      'tests); list every seed once')
-  for name in dict.fromkeys(m[0] for m in parsed):
-    credit.check_hparams(name, dict(cfg.credit.hparams))  # shared by every method
+  for name, _, _, own in parsed:  # the shared dict, with the method's own keys over it
+    credit.check_hparams(name, {**dict(cfg.credit.hparams), **dict(own)})
   grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
   if len({f'{lr:g}' for lr in grid}) != len(grid):
     raise ValueError(f'lr_grid {tuple(grid)} has repeated values (as lr<lr:g> directories)')
