@@ -16,7 +16,10 @@ and `grpo` on that tree.
 `:appo`: APPO's Branching Score (#35, 'tree_branching', experiments/rollouts/branching.py:
 entropy × |likelihood gain of the chain's continuation over the best alternative token|,
 8 highest-entropy positions probed per chain, 4 chains + 1 fork each, G = 8) against the
-same tree forked at the highest-entropy token ('tree_entropy'), GRPO credit on both.
+same tree forked at the highest-entropy token ('tree_entropy'), GRPO credit on both; and APPO's
+own credit on its tree (`appo`: the initial rollouts and the branches normalised as two groups,
+each branch's advantage added to the prefix it shares with its chain; branches not trained),
+paired with `grpo:tree_branching`.
 """
 
 from configs import tempo
@@ -28,7 +31,7 @@ def get_config(arg: str = ''):
     c.sampler.num_chains, c.sampler.num_levels, c.sampler.num_continuations = 2, 2, 1
     return c
   if arg == 'appo':
-    c = tempo.family('grpo:tree_entropy,grpo:tree_branching')
+    c = tempo.family('grpo:tree_entropy,grpo:tree_branching,appo:tree_branching')
     c.sampler.num_chains, c.sampler.num_forks, c.sampler.num_continuations = 4, 1, 1
     c.sampler.branch_candidates, c.sampler.branch_window = 8, 8
     return c

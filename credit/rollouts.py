@@ -56,6 +56,10 @@ class Rollouts:
     step_probes: `StepProbes` [..., G, S+1]: teacher-forced probes of the task's gold
       continuation after each prefix of a response's reasoning steps (SPAE, P2S, MIG), or
       None.
+    parent, fork: int32 [..., G], the explicit tree's edges (`trees.from_forks`): the response
+      each one was forked from (−1 for roots, the sampler's initial rollouts) and how many
+      leading tokens it copied from it (0 for roots); set with `tree` by the tree samplers,
+      None otherwise (then every response is a root). APPO reads them.
     row_mask: bool [..., G], True on the rows that are responses: groups of varying size
       padded to G (the 'knapsack' sampler; Knapsack RL, #59). Padded rows have an all-False
       `mask`. Only estimators registered with `rows=True` accept it (`credit.register`);
@@ -83,6 +87,8 @@ class Rollouts:
   step_probes: Optional["StepProbes"] = None
   hindsight_logprobs: Optional[jax.Array] = None
   row_mask: Optional[jax.Array] = None
+  parent: Optional[jax.Array] = None
+  fork: Optional[jax.Array] = None
 
   @property
   def group_size(self) -> int:

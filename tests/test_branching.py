@@ -1,13 +1,17 @@
-"""APPO's Branching Score (experiments/rollouts/branching.py) against a plain reference built
-from full-vocabulary forwards, and the 'tree_branching' fork policy's layout."""
+"""APPO (#35): its Branching Score (experiments/rollouts/branching.py) against a plain reference
+built from full-vocabulary forwards, the 'tree_branching' fork policy's layout, and the
+dual-group credit `appo` against a plain-Python transcription of the authors' algorithm."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
+import credit
 from experiments.models import decoder
 from experiments.rollouts import branching, sampling
+from experiments.training import loop
 
 B, N, P, L, V = 2, 3, 3, 7, 11
 
@@ -85,3 +89,94 @@ def test_tree_branching_forks_at_the_best_scores(model):
   np.testing.assert_array_equal(np.asarray(chains.tokens), np.asarray(iid.tokens))
   with pytest.raises(ValueError, match='window'):
     branching.BranchingForks(1, 1, window=0)
+
+
+def ref_appo(rewards, mask, parent, fork, eps=1e-6):
+  """The authors' `compute_appo_advantage`, one group at a time, in loops."""
+  g, length = mask.shape
+  kinds = [parent[i] < 0 for i in range(g)]
+
+  def normalised(rows):
+    r = [float(rewards[i]) for i in rows]
+    mu = sum(r) / len(r)
+    sd = (sum((x - mu) ** 2 for x in r) / len(r)) ** 0.5
+    return {i: (x - mu) / (sd + eps) for i, x in zip(rows, r)}
+
+  base = {}
+  for kind in (True, False):
+    rows = [i for i in range(g) if kinds[i] == kind]
+    if rows:
+      base.update(normalised(rows))
+  adv = np.zeros((g, length))
+  aux_sum, aux_count = np.zeros((g, length)), np.zeros((g, length))
+  for i in range(g):
+    if kinds[i]:
+      adv[i] = base[i] * mask[i]
+  for b in range(g):
+    o = parent[b]
+    if kinds[b] or not kinds[o]:
+      continue  # only branches of initial rollouts credit a prefix
+    for t in range(fork[b]):  # the tokens b copied from o
+      aux_sum[o, t] += base[b] * mask[o, t]
+      aux_count[o, t] += mask[o, t]
+  adv = np.where(aux_count > 0, adv + aux_sum / np.maximum(aux_count, 1), adv)
+  return adv * mask
+
+
+@st.composite
+def fork_groups(draw, g=6, length=5):
+  """A group of G responses: 1-3 initial rollouts (rows 0..), the rest forked from an earlier
+  row (an initial one or a branch) after copying 0..len(parent) of its tokens."""
+  roots = draw(st.integers(1, 3))
+  lengths = [draw(st.integers(1, length)) for _ in range(g)]
+  tokens = np.array([[draw(st.integers(1, 4)) for _ in range(length)] for _ in range(g)])
+  parent, fork = np.full(g, -1), np.zeros(g, int)
+  for b in range(roots, g):
+    parent[b] = draw(st.integers(0, b - 1))
+    fork[b] = draw(st.integers(0, lengths[parent[b]]))
+    lengths[b] = max(lengths[b], fork[b])
+    tokens[b, :fork[b]] = tokens[parent[b], :fork[b]]
+  mask = np.arange(length)[None] < np.array(lengths)[:, None]
+  rewards = np.array([draw(st.sampled_from([0.0, 0.5, 1.0])) for _ in range(g)], np.float32)
+  return tokens.astype(np.int32), mask, rewards, parent.astype(np.int32), fork.astype(np.int32)
+
+
+_APPO_FN = loop.credit_fn('appo', '{}', True)  # one compiled shape [1, 6, 5] for every example
+
+
+@settings(max_examples=25, deadline=None)
+@given(fork_groups())
+def test_appo_matches_the_authors_algorithm(group):
+  tokens, mask, rewards, parent, fork = group
+  adv, keep = _APPO_FN(tokens[None], mask[None], rewards[None], parent[None], fork[None], None,
+                       None)
+  np.testing.assert_allclose(np.asarray(adv)[0], ref_appo(rewards, mask, parent, fork),
+                             rtol=1e-5, atol=1e-5)
+  # branches leave the loss; the initial rollouts keep all their tokens
+  np.testing.assert_array_equal(np.asarray(keep)[0], mask & (parent < 0)[:, None])
+
+
+def test_appo_without_forks_is_grpo_with_the_population_std():
+  rng = np.random.default_rng(0)
+  mask = np.arange(4)[None, None] < rng.integers(1, 5, (3, 5, 1))
+  r = credit.Rollouts(tokens=np.ones((3, 5, 4), np.int32), mask=mask,
+                      rewards=rng.integers(0, 2, (3, 5)).astype(np.float32))
+  appo, grpo = credit.get('appo'), credit.get('grpo')
+  np.testing.assert_allclose(appo(r, scale_by_std=False), grpo(r, scale_by_std=False), atol=1e-6)
+  pop = np.std(r.rewards, -1, keepdims=True)
+  want = np.where(pop > 0, (r.rewards - r.rewards.mean(-1, keepdims=True)) / (pop + 1e-6), 0.0)
+  np.testing.assert_allclose(appo(r), np.where(mask, want[..., None], 0.0), atol=1e-5)
+  np.testing.assert_array_equal(credit.loss_mask('appo', r, None), mask)
+
+
+def test_appo_by_hand_and_refusals():
+  # Two initial rollouts (1, 0) and two branches: b2 (reward 1) forked from row 0 after 2
+  # tokens, b3 (reward 0) from row 1 after 3. Each subgroup is (1, 0): advantages +-1.
+  mask = np.ones((1, 4, 5), bool)
+  r = credit.Rollouts(tokens=np.ones((1, 4, 5), np.int32), mask=mask,
+                      rewards=np.array([[1.0, 0.0, 1.0, 0.0]], np.float32),
+                      parent=np.array([[-1, -1, 0, 1]]), fork=np.array([[0, 0, 2, 3]]))
+  want = np.array([[2, 2, 1, 1, 1], [-2, -2, -2, -1, -1], [0] * 5, [0] * 5], np.float32)
+  np.testing.assert_allclose(credit.get('appo')(r)[0], want, atol=1e-5)
+  with pytest.raises(ValueError, match='parent and Rollouts.fork come together'):
+    credit.get('appo')(r.replace(fork=None))

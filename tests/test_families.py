@@ -32,6 +32,12 @@ EQUAL_TO_GRPO_HERE = {
 }
 
 
+# Tree methods equal to GRPO on the same tree on the quick run's first batch:
+EQUAL_TO_TWIN_HERE = {
+    'elpo:tree_bisect',  # no failed response shares a prefix with a successful one
+}
+
+
 # Methods whose RL starts from other params (a phase of their own first), with the step-0
 # field that shows the phase ran:
 STARTS_ELSEWHERE = {'intervention:iid': 'intervention_rows'}
@@ -86,3 +92,14 @@ def test_family_quick(family, workdir):
     if (step1['loss'], step1['grad_norm']) == (base['loss'], base['grad_norm']):
       same.append(m)
   assert same == [m for m in methods if m in EQUAL_TO_GRPO_HERE], same
+  # A tree method beside GRPO on its own sampler: the same first batch as that GRPO run and,
+  # unless its reduction to GRPO holds on it, a different update.
+  same = []
+  for m in methods:
+    twin = f'grpo:{loop.parse_methods(m)[0][1]}'
+    if m != twin and twin in rows and twin != 'grpo:iid':
+      a, b = rows[m][1], rows[twin][1]
+      assert (a['reward'], a['generated_tokens']) == (b['reward'], b['generated_tokens']), m
+      if (a['loss'], a['grad_norm']) == (b['loss'], b['grad_norm']):
+        same.append(m)
+  assert same == [m for m in methods if m in EQUAL_TO_TWIN_HERE], same

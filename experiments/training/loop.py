@@ -521,7 +521,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
                                prompt_mask=prompt_mask, context_logprobs=context_logprobs,
                                saliency=saliency, credit_state=credit_state, values=values,
                                step_probes=step_probes,
-                               hindsight_logprobs=hindsight_logprobs, row_mask=row_mask)
+                               hindsight_logprobs=hindsight_logprobs, row_mask=row_mask,
+                               parent=parent if tree else None, fork=fork if tree else None)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:
