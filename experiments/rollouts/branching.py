@@ -2,9 +2,14 @@
 
 APPO forks at positions whose Branching Score combines the token's uncertainty with the
 "policy-induced likelihood gain of subsequent continuations", so that high-entropy positions
-whose choice does not matter downstream are not branched. Our reading (the abstract does not
-define the gain): the gain at position t is how much the sampled token makes the chain's own
-continuation more likely than the policy's best alternative token would,
+whose choice does not matter downstream are not branched. The authors' code (AMAP-ML/APPO,
+`build_appo_branch_request`) scores z(H_t)·z(Ω_t), z-scores within each rollout, with Ω_t =
+clip(exp(Σ_{j≥t} γ^{j−t} log(π_θ / π_behaviour)(y_j)), 1 ± 0.2): the importance ratio between
+the trainer's recomputed log-probs and the rollout engine's. Our sampler's behaviour policy is
+the current one exactly, so there Ω ≡ 1 and z(Ω) = 0 everywhere (that score would fall back
+to the first tokens of each prompt's first rollout); we keep our reading of the gain, the
+counterfactual one: the gain at position t is how much the sampled token makes the chain's own continuation
+more likely than the policy's best alternative token would,
 
   g_t = mean over the next `window` generated tokens j of
         log π(y_j | x, y_<t, y_t, y_(t,j)) − log π(y_j | x, y_<t, a'_t, y_(t,j)),
@@ -15,7 +20,9 @@ where the policy was unsure and the choice changes what follows (in either direc
 the `candidates` highest-entropy positions of each chain are probed (the others score −inf),
 so a chain costs `candidates` extra forward passes. `BranchingForks` is a fork policy for
 `sampling.sample_tree_forks` (sampler 'tree_branching'); the forks are the `num_forks`
-best-scoring probed positions, as `sampling.EntropyForks` takes the highest-entropy ones.
+best-scoring probed positions, as `sampling.EntropyForks` takes the highest-entropy ones
+(the authors' code takes the top B over all of a prompt's rollouts). APPO's credit on this
+tree is the estimator `appo` (credit/tree_search.py).
 """
 
 import dataclasses
