@@ -6,6 +6,7 @@ import numpy as np
 
 from credit.rollouts import Rollouts
 from credit.turns import validate_turns
+from trees import explicit
 from trees.prefix_tree import as_tokens_and_mask
 
 _PER_TOKEN = ("logprobs", "old_logprobs", "ref_logprobs", "token_rewards", "values", "entropy",
@@ -39,7 +40,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
   prompt_logprobs is [..., P] real, finite on `prompt_mask` (bool [..., P]; all of P
   without one); a policy_mask is boolean, of the tokens' shape and inside mask; a row_mask
   is boolean [..., G] and False only on rows with no tokens;
-  an explicit tree has the tokens' mask; step_probes are [..., G, S+1] (S >= 1), log-probs
+  an explicit tree has the tokens' mask; fork edges (parent, fork) come together, integers
+  [..., G], each response forked from an earlier one and copying its tokens; step_probes are [..., G, S+1] (S >= 1), log-probs
   and entropies real and finite where their boolean mask is True; `turns` (multi-turn trajectories) pass
   `credit.validate_turns` against the tokens. Values are checked only when concrete
   (under jit, or sharded over several hosts: shapes and dtypes only).
@@ -97,6 +99,7 @@ def validate(rollouts: Rollouts) -> Rollouts:
         where = tuple(int(i) for i in np.argwhere(stray)[0])
         raise ValueError(f"row_mask{list(where)} is False on a row with tokens: a padded row "
                          f"of a group of varying size must have an all-False mask.")
+  _check_forks(rollouts, tokens, mask, concrete)
   tree = rollouts.tree
   if tree is not None:
     if tree.mask.shape != tokens.shape:
@@ -108,6 +111,23 @@ def validate(rollouts: Rollouts) -> Rollouts:
   if rollouts.turns is not None:
     validate_turns(rollouts.turns, rollouts)
   return rollouts
+
+
+def _check_forks(rollouts: Rollouts, tokens, mask, concrete: bool):
+  """parent / fork: both or neither, integers [..., G], edges `trees.from_forks` accepts."""
+  if (rollouts.parent is None) != (rollouts.fork is None):
+    raise ValueError("parent and fork come together (a tree sampler's fork edges); got only "
+                     "one of them.")
+  if rollouts.parent is None:
+    return
+  parent, fork = _array(rollouts.parent), _array(rollouts.fork)
+  for name, x in (('parent', parent), ('fork', fork)):
+    if x.shape != tokens.shape[:-1] or not jnp.issubdtype(x.dtype, jnp.integer):
+      raise ValueError(f"{name} must be integers [..., G] = {tokens.shape[:-1]}; got "
+                       f"{x.dtype} {x.shape}.")
+  if concrete and all(map(_concrete, (tokens, mask, parent, fork))):
+    explicit.check_edges(np.asarray(tokens), np.asarray(mask), np.asarray(parent),
+                         np.asarray(fork))
 
 
 def _check_prompt(rollouts: Rollouts, lead: tuple, concrete: bool):

@@ -261,6 +261,12 @@ def _valid():
     (dict(prompt_logprobs=np.zeros((2, 2), np.float32), prompt_mask=np.ones((2, 2), np.int32)),
      "prompt_mask must be boolean"),
     (dict(prompt_mask=np.ones((2, 2), bool)), "without prompt_logprobs"),
+    (dict(parent=np.full((2, 3), -1)), "parent and fork come together"),
+    (dict(parent=np.full((2, 3), -1.0), fork=np.zeros((2, 3))), "parent must be integers"),
+    (dict(parent=np.array([[-1, 1, 0], [-1, -1, -1]]), fork=np.zeros((2, 3), int)),
+     "earlier response"),
+    (dict(parent=np.array([[-1, 0, 0], [-1, -1, -1]]), fork=np.array([[0, 5, 0], [0, 0, 0]])),
+     r"fork must be in \[0, L\]"),
 ])
 def test_validate_names_the_problem(change, message):
   with pytest.raises(ValueError, match=message):

@@ -62,11 +62,18 @@ def from_forks(tokens, mask, parent, fork) -> PrefixTree:
     raise ValueError(f"parent {parent.shape} and fork {fork.shape} must be [..., G] = "
                      f"{tokens.shape[:-1]}.")
   if not _traced(parent, fork):
-    _check_forks(np.asarray(parent), np.asarray(fork), tokens.shape[-1])
-    if not _traced(tokens, mask):
-      _check_copied_prefixes(np.asarray(tokens), np.asarray(mask), np.asarray(parent),
-                             np.asarray(fork))
+    if _traced(tokens, mask):
+      _check_forks(np.asarray(parent), np.asarray(fork), tokens.shape[-1])
+    else:
+      check_edges(np.asarray(tokens), np.asarray(mask), np.asarray(parent), np.asarray(fork))
   return _from_forks(tokens, mask, jnp.asarray(parent, jnp.int32), jnp.asarray(fork, jnp.int32))
+
+
+def check_edges(tokens, mask, parent, fork):
+  """Raises ValueError unless (parent, fork) are the edges `from_forks` accepts for these
+  concrete responses (numpy arrays, [..., G, L] and [..., G])."""
+  _check_forks(parent, fork, tokens.shape[-1])
+  _check_copied_prefixes(tokens, mask, parent, fork)
 
 
 def _traced(*xs):
