@@ -157,8 +157,9 @@ def test_chunked_causal_attention_equals_dense(params, fwd, chunk):
   g_chunk, g_dense = (jax.jit(jax.grad(loss(c)))(params) for c in (cfg, CFG))
   for a, b in zip(jax.tree.leaves(g_chunk), jax.tree.leaves(g_dense)):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
-  logits, cache = decoder.prefill(params, cfg, tokens[:, :7])
-  ref, ref_cache = decoder.prefill(params, CFG, tokens[:, :7])
+  # prefill into a cache of repeated rows attends within the call (chunked too)
+  logits, cache = decoder.prefill(params, cfg, tokens[:, :7], decoder.init_cache(cfg, 6))
+  ref, ref_cache = decoder.prefill(params, CFG, tokens[:, :7], decoder.init_cache(CFG, 6))
   np.testing.assert_allclose(logits, ref, atol=ATOL)
   np.testing.assert_allclose(cache.k, ref_cache.k, atol=ATOL)
 
