@@ -72,7 +72,8 @@ def _appo_mask(rollouts: Rollouts, adv, **_):
 
 
 @register("appo", loss_mask=_appo_mask)
-def appo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
+def appo(rollouts: Rollouts, prefix_credit: bool = True, scale_by_std: bool = True,
+         eps: float = 1e-6):
   """APPO (#35): dual-group advantages over initial rollouts and their branches, as the
   authors' public code computes them (AMAP-ML/APPO, `compute_appo_advantage`; the abstract's
   "procedure-level" credit across branched rollouts).
@@ -85,7 +86,8 @@ def appo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
   the mean of A_b over its branches b with t < fork_b: the prefix
   up to a branch point is credited with how well continuations from there did against the
   other branch points' continuations. Branches get 0 and leave the loss (`loss_mask`): they
-  only supply that contrast. Without forks (`parent` None) every response is a root: GRPO
+  only supply that contrast (`prefix_credit` False drops it: GRPO on the initial rollouts
+  alone, the branches still out of the loss, an ablation). Without forks (`parent` None) every response is a root: GRPO
   with the population σ (`grpo` exactly without `scale_by_std`).
 
   Readings and what is not here: the code's "reward scale M" (1 + (BS / max BS)·0.9^{s−t}
@@ -108,6 +110,8 @@ def appo(rollouts: Rollouts, scale_by_std: bool = True, eps: float = 1e-6):
   parent = jnp.asarray(rollouts.parent, jnp.int32)
   init = parent < 0
   a_init = _subgroup_advantages(rewards, init, scale_by_std, eps)
+  if not prefix_credit:
+    return jnp.where(mask & init[..., None], a_init[..., None], 0.0)
   a_branch = _subgroup_advantages(rewards, ~init, scale_by_std, eps)
   g, length = rewards.shape[-1], mask.shape[-1]
   # onto[b, i]: branch b was forked from row i (credit lands on initial rows only, below);

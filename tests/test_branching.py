@@ -178,5 +178,7 @@ def test_appo_by_hand_and_refusals():
                       parent=np.array([[-1, -1, 0, 1]]), fork=np.array([[0, 0, 2, 3]]))
   want = np.array([[2, 2, 1, 1, 1], [-2, -2, -2, -1, -1], [0] * 5, [0] * 5], np.float32)
   np.testing.assert_allclose(credit.get('appo')(r)[0], want, atol=1e-5)
+  no_prefix = np.array([[1] * 5, [-1] * 5, [0] * 5, [0] * 5], np.float32)
+  np.testing.assert_allclose(credit.get('appo')(r, prefix_credit=False)[0], no_prefix, atol=1e-5)
   with pytest.raises(ValueError, match='parent and Rollouts.fork come together'):
     credit.get('appo')(r.replace(fork=None))
