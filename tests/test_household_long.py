@@ -77,3 +77,15 @@ def test_beacon_family_script_runs_quick_on_the_long_variant(tmp_path):
   assert sorted(summary['methods']) == ['beacon:iid', 'grpo:iid']
   rows = loop.read_metrics(tmp_path / 'beacon_iid' / 'seed0' / 'metrics.jsonl')
   assert all(np.isfinite(r['loss']) for r in rows if 'reward' in r)
+
+
+def test_long_configs_build_and_check():
+  from configs import milestones
+  from experiments.training import loop
+  for variant, goals, turns in (('long', 2, 20), ('long3', 3, 30)):
+    c = milestones.get_config(variant)
+    loop.check_config(c)
+    assert dict(c.task.kwargs) == {'num_goals': goals, 'max_turns': turns}
+    assert c.model.attn_chunk == 128 and c.methods == 'grpo:iid,beacon:iid'
+  with pytest.raises(ValueError, match='long3'):
+    milestones.get_config('long4')
