@@ -77,13 +77,14 @@ from experiments.models import decoder
 from experiments.training import critic as critic_lib
 from experiments.training import hindsight as hindsight_lib
 from experiments.training import hints as hints_lib
-from experiments.training.methods import method_name, parse_methods, with_method  # noqa: F401
 from experiments.training import interventions as interventions_lib
 from experiments.training import probes as probes_lib
 from experiments.training import replay as replay_lib
 from experiments.training import saliency as saliency_lib
 from experiments.training import train_step as ts
 from experiments.training import watchdog
+# Re-exported: callers use loop.parse_methods / method_name / with_method.
+from experiments.training.methods import method_name, parse_methods, with_method  # noqa: F401
 from trees import packing as packing_lib
 
 SAMPLERS = default_config.SAMPLERS

@@ -18,7 +18,7 @@ def _split_methods(spec: str):
   for i, ch in enumerate(spec + ','):
     depth += (ch == '[') - (ch == ']')
     if depth < 0 or depth > 1:
-      raise ValueError(f'unbalanced brackets in config.methods {spec!r}')
+      raise ValueError(f'unbalanced or nested brackets in config.methods {spec!r}')
     if ch == ',' and depth == 0:
       items.append(spec[start:i].strip())
       start = i + 1
