@@ -41,8 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
                                            lm_dtype='float32', lm_aliases={},
                                            experience_slots=0,
                                            experience_cluster='observation'))
-  # attn_chunk > 0: causal attention in query chunks (decoder.causal_attention; same numbers up to
-  # float rounding, ~3x faster training steps at household_long's 1,454 tokens).
+  # attn_chunk > 0: causal attention in query chunks (decoder.causal_attention; the same
+  # numbers up to float rounding, ~3x faster training steps at 1,454 tokens).
   c.model = ml_collections.ConfigDict(dict(d_model=64, num_layers=2, num_heads=4, d_ff=192,
                                            attn_chunk=0))
   c.sampler.update(group_size=8, num_chains=4, num_continuations=1)

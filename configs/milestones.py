@@ -12,10 +12,11 @@ x G = 8), the loop filling `Turns.milestones` from household's sub-goals (holdin
 the object, cleaning it when asked, solving) and `Turns.feedback_logprobs` by one
 teacher-forced pass. `:steps`: SCRL
 (#76), blockwise advantages with an outcome-conditioned baseline (#50) and HRPO's phase
-advantages (#2) on scratch_add's verifiable steps, `configs.tempo.family`'s budget. `:long`: BEACON on `household_long` (two
-sub-tasks in one episode, 20 turns; the expert needs 8-12), where BEACON's claim is about
-long tasks; `:long3`: three sub-tasks in 30 turns (its warm start solves none of 256 held-out
-episodes, so GRPO's groups almost never carry signal). `:hiper`: HiPER's hierarchical advantage estimation (#21, `hiper`: GAE within
+advantages (#2) on scratch_add's verifiable steps, `configs.tempo.family`'s budget.
+`:long`: BEACON on `household_long` (two sub-tasks in one episode, 20 turns; the expert
+needs 8-12), where BEACON's claim is about long tasks; `:long3`: three sub-tasks in 30
+turns (its warm start solves none of 256 held-out episodes, so GRPO's groups almost never
+carry signal). `:hiper`: HiPER's hierarchical advantage estimation (#21, `hiper`: GAE within
 milestone segments plus segment-level GAE over aggregated returns on each segment's first
 turn, with the learned critic of configs/ppo.py:household) against GRPO and `ppo_turns` (the
 same critic, flat GAE) on household. 5 seeds each,

@@ -1,10 +1,10 @@
 """Credit for search trees (issue 23's tree-search family): ELPO (#39), TreePS-RAG (#181),
 APPO (#35).
 
-ELPO and TreePS-RAG read the group's prefix tree (the sampler's explicit tree when it has one: 'tree_bisect'
-and 'tree_steps', experiments/rollouts/step_forks.py, fork at reasoning-step boundaries;
-else the shared prefixes of i.i.d. responses); APPO reads the sampler's fork edges
-(`Rollouts.parent`, `Rollouts.fork`).
+ELPO and TreePS-RAG read the group's prefix tree (the sampler's explicit tree when it has one:
+'tree_bisect' and 'tree_steps', experiments/rollouts/step_forks.py, fork at reasoning-step
+boundaries; else the shared prefixes of i.i.d. responses); APPO reads the sampler's fork
+edges (`Rollouts.parent`, `Rollouts.fork`).
 """
 
 import jax.numpy as jnp
@@ -83,12 +83,12 @@ def appo(rollouts: Rollouts, prefix_credit: bool = True, scale_by_std: bool = Tr
   (R_b − μ_branch) / (σ_branch + ε) (population σ, as the authors' code, not `grpo`'s
   Bessel-corrected one; a group of one or with equal rewards gets 0). An initial rollout i
   gets A_i on every token plus, on each token t it shares with its branches (t < fork_b),
-  the mean of A_b over its branches b with t < fork_b: the prefix
-  up to a branch point is credited with how well continuations from there did against the
-  other branch points' continuations. Branches get 0 and leave the loss (`loss_mask`): they
-  only supply that contrast (`prefix_credit` False drops it: GRPO on the initial rollouts
-  alone, the branches still out of the loss, an ablation). Without forks (`parent` None) every response is a root: GRPO
-  with the population σ (`grpo` exactly without `scale_by_std`).
+  the mean of A_b over its branches b with t < fork_b: the prefix up to a branch point is
+  credited with how well continuations from there did against the other branch points'
+  continuations. Branches get 0 and leave the loss (`loss_mask`): they only supply that
+  contrast (`prefix_credit` False drops it: GRPO on the initial rollouts alone, the branches
+  still out of the loss, an ablation). Without forks (`parent` None) every response is a
+  root: GRPO with the population σ (`grpo` exactly without `scale_by_std`).
 
   Readings and what is not here: the code's "reward scale M" (1 + (BS / max BS)·0.9^{s−t}
   on the token-level rewards at and before branch token s, before the advantage) multiplies
