@@ -175,8 +175,8 @@ def test_paper_configs_compare_with_grpo_on_the_same_budget(paper):
   cfg = importlib.import_module(f'configs.{paper}').get_config()
   loop.check_config(cfg)
   methods = loop.parse_methods(cfg.methods)
-  assert ('grpo', 'iid', '') in methods
-  assert set(PAPERS[paper]) <= {name for name, _, _ in methods}
+  assert ('grpo', 'iid', '', ()) in methods
+  assert set(PAPERS[paper]) <= {name for name, *_ in methods}
   sizes = {loop.group_size(loop.with_method(cfg, loop.method_name(*m)).sampler) for m in methods}
   assert sizes == {8}
   script = importlib.import_module(f'experiments.{paper}')
