@@ -142,11 +142,11 @@ def test_token_logprobs_is_differentiable(params):
   assert all(np.any(g != 0) for g in leaves)
 
 
-@pytest.mark.parametrize('chunk', [1, 3, 5, 16])
+@pytest.mark.parametrize('chunk', [3, 5])
 def test_chunked_causal_attention_equals_dense(params, fwd, chunk):
   """`attn_chunk` (queries in chunks, keys up to each chunk's end) is the dense causal
   attention: logits, right-padded teacher forcing and gradients, at chunk sizes that do and
-  do not divide T = 12 (and one larger than T)."""
+  do not divide T = 12."""
   cfg = dataclasses.replace(CFG, attn_chunk=chunk)
   tokens = _tokens(10, (3, 12))
   np.testing.assert_allclose(decoder.forward(params, cfg, tokens), fwd(params, tokens),
