@@ -192,8 +192,6 @@ def check_config(cfg, reference=None, prefix=''):
   if cfg.train.pack_attention not in packing_lib.ATTENTION:
     raise ValueError(f'unknown train.pack_attention {cfg.train.pack_attention!r}; valid: '
                      f'{", ".join(packing_lib.ATTENTION)}')
-  for m in parse_methods(cfg.methods):
-    credit.get(m[0])
 
 
 def build_task(cfg):
