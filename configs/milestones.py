@@ -16,7 +16,8 @@ advantages (#2) on scratch_add's verifiable steps, `configs.tempo.family`'s budg
 `:long`: BEACON on `household_long` (two sub-tasks in one episode, 20 turns; the expert
 needs 8-12), where BEACON's claim is about long tasks; `:long3`: three sub-tasks in 30
 turns (its warm start solves none of 256 held-out episodes, so GRPO's groups almost never
-carry signal). `:hiper`: HiPER's hierarchical advantage estimation (#21, `hiper`: GAE within
+carry signal); `:long_warm`: `:long` from a 3x longer warm start (450 SFT steps), so that
+outcome-only GRPO starts with signal and the comparison is about credit, not exploration. `:hiper`: HiPER's hierarchical advantage estimation (#21, `hiper`: GAE within
 milestone segments plus segment-level GAE over aggregated returns on each segment's first
 turn, with the learned critic of configs/ppo.py:household) against GRPO and `ppo_turns` (the
 same critic, flat GAE) on household. 5 seeds each,
@@ -34,13 +35,15 @@ def get_config(arg: str = ''):
     c = ppo.get_config('household')
     c.methods = 'grpo:iid,ppo_turns:iid,hiper:iid'
     return c
-  if arg not in ('', 'long', 'long3'):
+  if arg not in ('', 'long', 'long3', 'long_warm'):
     raise ValueError(f'configs/milestones.py:{arg}: valid variants are "" (household), steps, '
-                     f'long, long3 and hiper')
+                     f'long, long3, long_warm and hiper')
   c = agents.paper('grpo:iid,beacon:iid,rebel:iid' if arg == '' else 'grpo:iid,beacon:iid')
   if arg.startswith('long'):
-    goals, turns = (2, 20) if arg == 'long' else (3, 30)
+    goals, turns = (3, 30) if arg == 'long3' else (2, 20)
     c.task.name, c.task.kwargs = 'household_long', {'num_goals': goals, 'max_turns': turns}
     c.model.attn_chunk = 128  # 858 / 1,454-token trajectories: ~3x faster steps, same numbers
+  if arg == 'long_warm':
+    c.sft.steps = 450  # 3x the paper's warm start: GRPO's groups carry signal from step 0
   c.seeds = (0, 1, 2, 3, 4)
   return c

@@ -82,8 +82,9 @@ def test_beacon_family_script_runs_quick_on_the_long_variant(tmp_path):
 def test_long_configs_build_and_check():
   from configs import milestones
   from experiments.training import loop
-  for variant, goals, turns in (('long', 2, 20), ('long3', 3, 30)):
+  for variant, goals, turns in (('long', 2, 20), ('long3', 3, 30), ('long_warm', 2, 20)):
     c = milestones.get_config(variant)
+    assert c.sft.steps == (450 if variant == 'long_warm' else 150)
     loop.check_config(c)
     assert dict(c.task.kwargs) == {'num_goals': goals, 'max_turns': turns}
     assert c.model.attn_chunk == 128 and c.methods == 'grpo:iid,beacon:iid'
