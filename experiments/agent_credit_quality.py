@@ -50,12 +50,15 @@ trajectories with `turns.token_turn`, the sampling policy's exact log π(a_k | s
 entropy H(π(· | s_k)) on each action token (Sokoban's uniform π: the same on every turn, so
 taura and copo_turns are GRPO there), and for the critic-based two V^π_k(s_k) as the
 critic's value: an oracle critic, the upper bound of a learned one, with the benchmark's γ.
-cast is scored in its value-difference form (`credit.turn_signals.CAST_VALUE_DIFFERENCE`: the
-training default is the paper's step-count recipe, which needs solver step counts) and
-fed values_star_k = R_{<k} + V(s_k), V plus the reward collected before turn
-k, so that a finished episode's last slot holds its return (for goal-only rewards
-CAST's own convention: 1 solved, 0 failed):
-  on mdp   V = V^π_k, the sampling policy's exact values. Then CAST's advantage is
+cast is scored in two forms, both fed values_star_k = R_{<k} + V(s_k), V plus the reward
+collected before turn k, so that a finished episode's last slot holds its return (for
+goal-only rewards CAST's own convention: 1 solved, 0 failed): `cast`, the training default
+(the paper's recipe: GRPO plus α = 0.1 of the asinh-compressed, batch-RMS-normalised
+difference) on those values (signal='values': the MDP has no solver step counts; on Sokoban
+without a step penalty V* = γ^(d*−1), a monotone function of the step count d*), and
+`cast_value_difference` (`credit.turn_signals.CAST_VALUE_DIFFERENCE`, this project's first
+form: the difference alone):
+  on mdp   V = V^π_k, the sampling policy's exact values. Then the difference is
            the one-step TD error r_k + V^π_{k+1}(s_{k+1}) − V^π_k(s_k), whose mean
            given (k, s_k, a_k) is exactly A^π (γ = 1): an oracle sanity check, noisy
            only through the random transition.
@@ -92,7 +95,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 # for the critic-based ones, an oracle critic: V^π itself (an upper bound on a learned one).
 TURN_TOKEN_ESTIMATORS = ("taura", "copo_turns", "ppo_turns", "bilevel_gae")
 TURN_LEVEL = {**{n: f for n, f in agents.AGENT_ESTIMATORS.items() if n != "igpo"},
+              "cast_value_difference": agents.AGENT_ESTIMATORS["cast"],
               **turn_norm.TURN_NORM_ESTIMATORS}
+CAST_FORMS = {"cast": dict(signal="values"),  # the recipe's defaults otherwise
+              "cast_value_difference": agents.CAST_VALUE_DIFFERENCE}
 ESTIMATORS = tuple(TURN_LEVEL) + TURN_TOKEN_ESTIMATORS + ("grpo", "tempo")
 DISCOUNTED = ("gigpo", "gagpo", "gtpo", "mapo_turns", "memopilot", "ppo_turns",
               "bilevel_gae")  # with a gamma
@@ -378,8 +384,8 @@ def estimate(name: str, batch: Batch, gamma: float) -> np.ndarray:
   """The estimator's turn advantages float32 [B, G, K]."""
   hp = {"gamma": gamma} if name in DISCOUNTED else {}
   if name in TURN_LEVEL:
-    if name == "cast":
-      hp = {"values_star": batch.cast_values, **agents.CAST_VALUE_DIFFERENCE}
+    if name in CAST_FORMS:
+      hp = {"values_star": batch.cast_values, **CAST_FORMS[name]}
     return np.asarray(TURN_LEVEL[name](batch.turns, **hp))
   if name in TURN_TOKEN_ESTIMATORS:
     return np.asarray(credit.get(name)(turn_rollouts(batch), **hp))[..., 1::2]
@@ -477,7 +483,7 @@ def main(argv=None) -> dict:
       raise ValueError(f"unknown env {e!r}; choose from {sorted(GAMMA)}.")
   estimators = [n for n in args.estimators.split(",") if n] or list(ESTIMATORS)
   for name in estimators:
-    if name not in agents.AGENT_ESTIMATORS:
+    if name not in TURN_LEVEL:
       credit.get(name)  # an unknown name fails here, listing the valid ones
   seeds = list(range(args.seed, args.seed + args.seeds))
   sizes = {"mdp": args.mdp_groups, "sokoban": args.sokoban_rooms}

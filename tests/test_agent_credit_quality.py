@@ -71,11 +71,12 @@ def test_mdp_truth_matches_python_backward_induction(mdp):
 
 
 def test_mdp_cast_with_true_values_is_unbiased(mdp):
-  # With V^π, cast is the TD error r + V' − V: its mean given (k, s, a) is A^π exactly.
+  # With V^π, cast's value difference is the TD error r + V' − V: its mean given (k, s, a)
+  # is A^π exactly.
   env, logits, batch = mdp
   q, v = python_values(env, logits, 1.0)
   p, r = env.tables
-  adv = acq.estimate("cast", batch, 1.0)
+  adv = acq.estimate("cast_value_difference", batch, 1.0)
   mask, true = np.asarray(batch.turns.turn_mask), np.asarray(batch.true_adv)
   keys = np.stack([np.broadcast_to(np.arange(env.max_turns), mask.shape),
                    np.asarray(batch.states)[..., :-1], np.asarray(batch.actions)], -1)[mask]
@@ -94,6 +95,20 @@ def test_mdp_cast_with_true_values_is_unbiased(mdp):
   a, t = adv[mask], true[mask]
   assert np.dot(a, t) / np.dot(t, t) == pytest.approx(1.0, abs=0.05)  # E[cast | A^π] = A^π
   assert cq.credit_metrics(adv, true, mask, np.abs(true) > 0.05)["corr"] > 0.5
+
+
+def test_cast_recipe_is_grpo_plus_the_compressed_normalised_difference(mdp):
+  # `cast` (the training default) = GRPO's outcome advantage + 0.1 asinh(d) / rms, d the
+  # value difference over every taken turn of the batch: by hand in NumPy.
+  _, _, batch = mdp
+  mask = np.asarray(batch.turns.turn_mask)
+  d = np.where(mask, np.arcsinh(acq.estimate("cast_value_difference", batch, 1.0)), 0.0)
+  rms = math.sqrt(float(np.sum(d * d) / mask.sum()))
+  returns = np.sum(np.asarray(batch.turns.rewards), -1, keepdims=True)
+  base = (returns - returns.mean(1, keepdims=True)) / (returns.std(1, ddof=1, keepdims=True)
+                                                       + 1e-6)
+  expect = np.where(mask, base + 0.1 * d / rms, 0.0)
+  np.testing.assert_allclose(acq.estimate("cast", batch, 1.0), expect, atol=2e-5)
 
 
 def test_truth_is_a_perfect_estimator(mdp):
@@ -152,7 +167,7 @@ def test_sokoban_cast_values_and_metrics(rooms):
   d = np.log(start) / np.log(GAMMA) + 1
   np.testing.assert_allclose(d, np.round(d), atol=1e-3)
   assert (np.round(d) >= 1).all() and (np.round(d) <= env.max_turns).all()
-  out = acq.evaluate(batch, ["cast", "grpo"], [4], GAMMA)
+  out = acq.evaluate(batch, ["cast", "cast_value_difference", "grpo"], [4], GAMMA)
   for name, per_g in out["results"].items():
     assert all(math.isfinite(per_g[4][k]) for k in ("corr", "mse", "sign")), name
   assert out["groups"][4]["turns"] == mask[:, :4].sum()
@@ -163,15 +178,15 @@ def test_main_tiny(tmp_path):
   # estimators: every agent estimator costs seconds of compile (tests/test_agent_credit.py
   # tests them; the default run uses them all).
   report = acq.main(["--envs", "mdp", "--group_sizes", str(G), "--seeds", "1",
-                     "--mdp_groups", str(B), "--estimators", "cast,grpo",
+                     "--mdp_groups", str(B), "--estimators", "cast_value_difference,grpo",
                      "--workdir", str(tmp_path)])
   assert (tmp_path / "agent_credit_quality.png").exists()
   saved = json.loads((tmp_path / "agent_credit_quality.json").read_text())
-  assert set(saved["summary"]["mdp"]) == {"cast", "grpo"}
+  assert set(saved["summary"]["mdp"]) == {"cast_value_difference", "grpo"}
   summary = report["summary"]["mdp"]
   for name, per_g in summary.items():
     assert all(math.isfinite(per_g[G][k][0]) for k in ("corr", "mse", "sign")), name
-  assert summary["cast"][G]["corr"][0] > summary["grpo"][G]["corr"][0] + 0.1  # the V^π oracle
+  assert summary["cast_value_difference"][G]["corr"][0] > summary["grpo"][G]["corr"][0] + 0.1
 
 
 def test_turn_token_estimators_read_exact_policy_and_oracle_values(mdp):
