@@ -10,6 +10,10 @@ later attempts, plus the meta-episode's outcome) vs GRPO on `household_retry` (t
 of 6 turns at one task, the failed one in context, "retry" opening the second), the same
 budget and expert warm start.
 
+`:confidence`: the turn-confidence reweightings, TAURA (#45, `taura`: GRPO scaled per turn by
+its action entropy over the trajectory's mean) and CoPO (#43, `copo_turns`: by its confidence,
+exp of the action's mean log-prob), vs GRPO, the same budget and expert warm start.
+
 `:slea`: SLEA-RL (#46) on household inside the experience wrapper (envs/experience.py: every
 observation followed by the library's strategy and failure pattern for its cluster, the
 observation): `gigpo:experience` (the library, filled by sampler 'experience', plus GiGPO's
@@ -22,9 +26,12 @@ from configs import agents
 
 
 def get_config(arg: str = ''):
-  if arg not in ('', 'retry', 'slea'):
-    raise ValueError(f'configs/turn_norm.py:{arg}: valid variants are "", retry and slea')
-  if arg == 'slea':
+  if arg not in ('', 'retry', 'slea', 'confidence'):
+    raise ValueError(f'configs/turn_norm.py:{arg}: valid variants are "", retry, slea and '
+                     f'confidence')
+  if arg == 'confidence':
+    c = agents.paper('grpo:iid,taura:iid,copo_turns:iid')
+  elif arg == 'slea':
     c = agents.paper('grpo:iid,gigpo:iid,gigpo:experience')
     c.agent.experience_slots = 2048
   elif arg == 'retry':

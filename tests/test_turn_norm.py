@@ -258,3 +258,15 @@ def test_retry_family_script_runs_quick(tmp_path):
           if 'reward' in r]
   assert rows and all(np.isfinite(r['loss']) for r in rows)
   assert all(7 <= r['turns'] <= 12 for r in rows)  # an unsolved first attempt is retried
+
+
+def test_confidence_config_builds_and_checks():
+  # TAURA and CoPO train through the agent loop in tests/test_agent_loop.py (taura) and
+  # share its plumbing (copo_turns reads the sampling log-probs every loop keeps).
+  from configs import turn_norm as turn_norm_config
+  from experiments.training import loop
+  cfg = turn_norm_config.get_config('confidence')
+  loop.check_config(cfg)
+  assert cfg.methods == 'grpo:iid,taura:iid,copo_turns:iid' and cfg.seeds == (0, 1, 2, 3, 4)
+  with pytest.raises(ValueError, match='confidence'):
+    turn_norm_config.get_config('confidences')
