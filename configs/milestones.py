@@ -3,6 +3,7 @@
     python -m experiments.milestones [--config.quick=True]                 # BEACON, ReBel: household
     python -m experiments.milestones --config=configs/milestones.py:steps  # SCRL, HRPO: scratch_add
     python -m experiments.milestones --config=configs/milestones.py:long   # BEACON, 2 sub-tasks
+    python -m experiments.milestones --config=configs/milestones.py:long_warm  # from 450 SFT steps
     python -m experiments.milestones --config=configs/milestones.py:hiper  # HiPER on household
 
 Default: BEACON (#28) and ReBel (#25: GRPO plus returns compared within milestone phases,
@@ -17,8 +18,9 @@ advantages (#2) on scratch_add's verifiable steps, `configs.tempo.family`'s budg
 needs 8-12), where BEACON's claim is about long tasks; `:long3`: three sub-tasks in 30
 turns (its warm start solves none of 256 held-out episodes, so GRPO's groups almost never
 carry signal); `:long_warm`: `:long` from a 3x longer warm start (450 SFT steps), so that
-outcome-only GRPO starts with signal and the comparison is about credit, not exploration. `:hiper`: HiPER's hierarchical advantage estimation (#21, `hiper`: GAE within
-milestone segments plus segment-level GAE over aggregated returns on each segment's first
+outcome-only GRPO starts with signal and the comparison is about credit, not exploration.
+`:hiper`: HiPER's hierarchical advantage estimation (#21, `hiper`: GAE within milestone
+segments plus segment-level GAE over aggregated returns on each segment's first
 turn, with the learned critic of configs/ppo.py:household) against GRPO and `ppo_turns` (the
 same critic, flat GAE) on household. 5 seeds each,
 paired intervals against GRPO at matched environment steps / generated tokens.
