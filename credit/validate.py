@@ -42,8 +42,9 @@ def validate(rollouts: Rollouts) -> Rollouts:
   is boolean [..., G] and False only on rows with no tokens;
   an explicit tree has the tokens' mask; fork edges (parent, fork) come together, integers
   [..., G], each response forked from an earlier one and copying its tokens; step_probes
-  are [..., G, S+1] (S >= 1), log-probs and entropies real and finite where their boolean mask is True; `turns` (multi-turn trajectories) pass
-  `credit.validate_turns` against the tokens. Values are checked only when concrete
+  are [..., G, S+1] (S >= 1), log-probs and entropies real and finite where their boolean
+  mask is True; `turns` (multi-turn trajectories) pass `credit.validate_turns` against the
+  tokens. Values are checked only when concrete
   (under jit, or sharded over several hosts: shapes and dtypes only).
   """
   tokens, mask = as_tokens_and_mask(rollouts.tokens, rollouts.mask)
