@@ -4,7 +4,7 @@ chain (SPO-chain)."""
 
 import jax.numpy as jnp
 
-from credit.groups import whiten_nonzero
+from credit.groups import rounding_tolerance, whiten_nonzero
 from credit.registry import register
 from credit.rollouts import Rollouts, tree_of
 from credit.tree_edges import edge_advantages
@@ -44,26 +44,54 @@ def _kept_tokens(rollouts, threshold):
   return rollouts.mask & (logprobs <= jnp.log(threshold))
 
 
-def _probability_mask(rollouts, adv, threshold: float = 0.9, **_):
-  return _kept_tokens(rollouts, threshold)
-
-
-@register("spo_chain", loss_mask=_probability_mask)
-def spo_chain(rollouts: Rollouts, threshold: float = 0.9, value: str = "children",
-              whiten: bool = True, eps: float = 1e-8):
-  """SPO-chain (Guo et al. 2025): segment k, between cutpoints c_{k−1} and
-  c_k, gets A = V(c_k) − V(c_{k−1}), V(c) the mean outcome of the Monte-Carlo
-  continuations sampled at cutpoint c; then the probability mask (tokens with
-  p > `threshold` get no advantage and no loss) and whitening over the kept tokens.
-
-  The cutpoints are the branch points of the rollouts' explicit tree, as built
-  by the `tree_cutpoints` sampler (forks before tokens with p < threshold, every
-  k-th kept); V is `value` as in `spo_tree`. p comes from `old_logprobs` (else
-  `logprobs`); without either there is no probability mask. With no shared
-  prefixes this is REINFORCE++-baseline (R − μ whitened over the batch).
-  """
-  rewards = jnp.asarray(rollouts.rewards, jnp.float32)
-  adv = edge_advantages(tree_of(rollouts), rewards, value=value, baseline="parent")
+def _chain_mask(rollouts, adv, threshold: float = 0.9, **_):
+  """The probability mask on the chains; the continuations (`parent` >= 0) leave the loss."""
   kept = _kept_tokens(rollouts, threshold)
+  return kept if rollouts.parent is None else kept & (rollouts.parent < 0)[..., None]
+
+
+@register("spo_chain", loss_mask=_chain_mask)
+def spo_chain(rollouts: Rollouts, threshold: float = 0.9, whiten: bool = True,
+              eps: float = 1e-8):
+  """SPO-chain (Guo et al. 2025, eq. 5 with Monte-Carlo values at cutpoints), as the
+  authors' code computes it (AIFrameResearch/SPO, `_compute_token_advantages`).
+
+  A chain (a root row, `parent` < 0) has cutpoints p_1 < ... < p_K, the positions its
+  continuations were forked at (`fork`: they copied tokens[:p]); V(p) is the mean reward
+  of the continuations forked at p, the chain's own outcome not among them. Token t gets
+  V(p_k) − V(p_{k−1}) for the first cutpoint p_k > t, R − V(p_K) when t >= p_K, and 0
+  when t < p_1 (the authors estimate no value at the prompt; a fork at p = 0 is that
+  value, and then no token is before it). Then the probability mask (tokens with p >
+  `threshold` under the sampling policy get 0 and leave the loss) and whitening over the
+  kept chain tokens. Continuations only supply V: 0, and out of the loss (`loss_mask`).
+  Needs the forks of the `tree_cutpoints` sampler (`Rollouts.parent`, `fork`). Returns
+  float32 [..., G, L].
+  """
+  if rollouts.parent is None or rollouts.fork is None:
+    raise ValueError("spo_chain needs the cutpoint forks (Rollouts.parent and Rollouts.fork, "
+                     "set by the 'tree_cutpoints' sampler); these rollouts have none.")
+  rewards = jnp.asarray(rollouts.rewards, jnp.float32)
+  parent = jnp.asarray(rollouts.parent, jnp.int32)
+  fork = jnp.asarray(rollouts.fork, jnp.int32)
+  g, length = rewards.shape[-1], rollouts.mask.shape[-1]
+  cont = parent >= 0
+  # V at each continuation's cutpoint: the mean reward of its chain's continuations there.
+  same = (cont[..., :, None] & cont[..., None, :] & (parent[..., :, None] == parent[..., None, :])
+          & (fork[..., :, None] == fork[..., None, :]))
+  value = jnp.sum(jnp.where(same, rewards[..., None, :], 0.0), -1) / jnp.maximum(
+      jnp.sum(same, -1), 1)
+  # of[n, b]: b continues chain n. For chain n and token t, the cutpoints after t and at or
+  # before it: the nearest of each (continuations at one cutpoint share V).
+  of = cont[..., None, :] & (parent[..., None, :] == jnp.arange(g)[:, None])
+  t = jnp.arange(length)
+  after = of[..., None] & (fork[..., None, :, None] > t)  # [..., n, b, L]
+  before = of[..., None] & (fork[..., None, :, None] <= t)
+  nxt = jnp.argmin(jnp.where(after, fork[..., None, :, None], length + 1), axis=-2)
+  prv = jnp.argmax(jnp.where(before, fork[..., None, :, None], -1), axis=-2)
+  v_at = lambda idx: jnp.take_along_axis(value[..., None, :], idx, axis=-1)
+  v_next = jnp.where(after.any(-2), v_at(nxt), rewards[..., None])
+  adv = jnp.where(before.any(-2), v_next - v_at(prv), 0.0)
+  adv = jnp.where(jnp.abs(adv) > rounding_tolerance(rewards), adv, 0.0)
+  kept = _chain_mask(rollouts, adv, threshold)
   adv = jnp.where(kept, adv, 0.0)
   return whiten_nonzero(adv, kept, eps) if whiten else adv

@@ -1,5 +1,5 @@
 """Edge credit on trees: each segment gets V(child) minus a baseline, optionally
-scaled by the spread of the child's siblings. Shared by SPO-tree, SPO-chain and
+scaled by the spread of the child's siblings. Shared by SPO-tree and
 TreeRPO / Sibling-GRPO.
 
 With token-level nodes, the edge out of a branch point s_b is the segment that

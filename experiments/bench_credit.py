@@ -65,7 +65,7 @@ def main(argv=None):
   parser.add_argument("--shapes", default="64x16x1024,16x64x1024,8x16x8192")
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--trie-repeats", type=int, default=1)
-  parser.add_argument("--estimators", default="spo_tree,spo_chain,sibling_grpo,treerl,treepo,"
+  parser.add_argument("--estimators", default="spo_tree,sibling_grpo,treerl,treepo,"
                                               "tree_grpo,mars2_shaping,grpo")
   args = parser.parse_args(argv)
 

@@ -62,7 +62,7 @@ def test_policy_mask_zeroes_advantages_and_loss_off_the_policy_tokens():
     np.testing.assert_array_equal(credit.loss_mask(name, part, a_part), policy)
   # An estimator with its own loss mask keeps only the policy's tokens of it.
   lp = jnp.log(jnp.full(tokens.shape, 0.5))
-  spo = part.replace(logprobs=lp)
+  spo = part.replace(logprobs=lp, parent=jnp.asarray([[-1, 0, -1]]), fork=jnp.asarray([[0, 2, 0]]))
   kept = credit.loss_mask("spo_chain", spo, credit.get("spo_chain")(spo))
   assert not np.any(np.asarray(kept) & ~np.asarray(policy))
   credit.validate(part)

@@ -1,4 +1,4 @@
-"""Per-level child statistics (`trees.level_stats`, used by SPO-tree, SPO-chain,
+"""Per-level child statistics (`trees.level_stats`, used by SPO-tree,
 Sibling-GRPO and MARS²) against the node-level `tree_values` / `child_stats`
 and against plain-Python references for hparam modes the other tests skip."""
 
@@ -81,9 +81,6 @@ CASES = {  # (name, hparams) -> (reference per group, whitened over the batch)
     ("spo_tree", ()): (ref.edge_credit, False),
     ("spo_tree", (("mode", "grpo"), ("value", "leaves"))): (
         functools.partial(ref.edge_credit, value="leaves", normalise=True), False),
-    ("spo_chain", (("value", "leaves"),)): (
-        functools.partial(ref.edge_credit, value="leaves"), True),
-    ("spo_chain", (("whiten", False),)): (ref.edge_credit, False),
     ("sibling_grpo", (("value", "leaves"),)): (functools.partial(
         ref.edge_credit, value="leaves", baseline="siblings", normalise=True, eps=1e-6), False),
     ("mars2_shaping", (("value", "leaves"),)): (functools.partial(mars2_ref, value="leaves"),

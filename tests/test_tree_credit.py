@@ -28,11 +28,10 @@ TREE_ESTIMATORS = {  # name + hparams -> reference(tree) per token (before any b
     "treepo": ref.treepo,
     "tree_grpo": ref.tree_grpo,
     "mars2_shaping": ref.mars2,
-    "spo_chain": lambda t: ref.edge_credit(t),
 }
 HPARAMS = {"grpo": dict(mode="grpo"), "leaves": dict(value="leaves"),
            "sqrt": dict(sqrt_leaves=True)}
-WHITENED = {"treepo", "spo_chain"}
+WHITENED = {"treepo"}  # (spo_chain, which reads the forks: tests/test_spo_chain.py)
 
 
 @functools.lru_cache(maxsize=None)  # one jitted function per spec: compiled once per shape
@@ -105,7 +104,6 @@ def flat_mars2(r, gamma=0.5, lam=0.5):
 REDUCTIONS = [  # tree estimator == its outcome-level counterpart when nothing is shared
     ("spo_tree", {}, lambda r: credit.get("dr_grpo")(r)),
     ("spo_tree", dict(mode="grpo"), lambda r: credit.get("grpo")(r, eps=1e-8)),
-    ("spo_chain", {}, lambda r: credit.get("reinforce_pp_baseline")(r)),
     ("sibling_grpo", {}, lambda r: credit.get("grpo")(r)),
     ("treerl", {}, lambda r: 2 * credit.get("rloo")(r)),
     ("treerl", dict(sqrt_leaves=True), lambda r: 2 * credit.get("rloo")(r)),
@@ -129,7 +127,7 @@ def test_reduces_to_outcome_counterpart_without_shared_prefixes(name, hp, outcom
     assert np.all(np.asarray(adv)[0] == 0)  # all-equal rewards: exactly 0
 
 
-@pytest.mark.parametrize("name", ["spo_tree", "spo_chain", "sibling_grpo", "treerl", "treepo",
+@pytest.mark.parametrize("name", ["spo_tree", "sibling_grpo", "treerl", "treepo",
                                   "tree_grpo", "mars2_shaping"])
 def test_jit_vmap_and_degenerate_groups(name):
   rng = np.random.default_rng(1)
@@ -176,10 +174,12 @@ def test_spo_loss_masks():
   kept = credit.loss_mask("spo_tree", rollouts, adv, drop_zero=True)
   np.testing.assert_array_equal(kept, rollouts.mask & (np.asarray(adv) != 0))
   logprobs = np.log(np.where(np.arange(5) % 2 == 0, 0.95, 0.5) * np.ones(rollouts.tokens.shape))
-  chain = rollouts.replace(logprobs=logprobs.astype(np.float32))
+  forks = dict(parent=np.tile([-1, -1, 0, 0, 1, 1], (3, 1)), fork=np.tile([0, 0, 1, 3, 2, 2], (3, 1)))
+  chain = rollouts.replace(logprobs=logprobs.astype(np.float32), **forks)
   adv = credit.get("spo_chain")(chain)
   kept = credit.loss_mask("spo_chain", chain, adv)
-  np.testing.assert_array_equal(kept, rollouts.mask & (np.arange(5) % 2 == 1))
+  chains = (forks["parent"] < 0)[..., None]
+  np.testing.assert_array_equal(kept, rollouts.mask & (np.arange(5) % 2 == 1) & chains)
   assert np.all(np.asarray(adv)[~kept] == 0)
   flat = np.asarray(adv)[kept]
   assert abs(flat.mean()) < 1e-5 and abs(flat.std() - 1) < 1e-3  # whitened over kept tokens
