@@ -1,6 +1,7 @@
 """Writes tests/fixtures/hf/: tiny random transformers checkpoints and their logits.
 
     python -m experiments.make_hf_fixtures    # needs torch + transformers (>= 5) + this package
+    python -c 'from experiments import make_hf_fixtures as m; m.write_edge_cases()'  # EDGE_CASES only
 
 Not part of the test run (it needs torch), like `make_parity_fixture.py`. For each
 architecture / RoPE variant in `MODELS` it builds a 2-layer, hidden-64 model with
@@ -278,9 +279,128 @@ def check_export(ids):
     print(f'  {name}: scale {scale:.1f}; ' + ', '.join(row) + f' (LoRA moved logits {moved:.1f})')
 
 
+# Checkpoint directories a loader can misread (issue 44): name -> (base fixture, how it is
+# changed). Each also gets a _v4 copy and an .npz of transformers' numbers (as above).
+EDGE_CASES = ('llama_tied_head', 'qwen3_index_and_single', 'qwen2_stale_layer_types')
+
+
+def _save_npz(name, ids, ref, gen, note):
+  import torch
+  import transformers
+  t_max = max(map(len, ids))
+  padded = np.zeros((len(ids), t_max), np.int32)
+  logits = np.zeros((len(ids), t_max, ref[0].shape[-1]), np.float32)
+  for i, (row, lg) in enumerate(zip(ids, ref)):
+    padded[i, :len(row)] = row
+    logits[i, :len(row)] = lg
+  np.savez_compressed(
+      OUT / f'{name}.npz', ids=padded, lengths=np.array([len(r) for r in ids], np.int32),
+      texts=np.array(TEXTS_RENDERED), chat=np.array(json.dumps(CHAT)), logits=logits,
+      greedy_prompt=np.int32(1), greedy_ids=np.array(gen, np.int32), note=np.array(note),
+      versions=np.array(f'transformers {transformers.__version__}, torch {torch.__version__}'))
+
+
+TEXTS_RENDERED: list = []
+
+
+def _edit_safetensors(d, fn):
+  from safetensors.numpy import load_file, save_file
+  t = load_file(str(d / 'model.safetensors'))
+  save_file(fn(t), str(d / 'model.safetensors'), metadata={'format': 'pt'})
+
+
+def _with_v4(d, old_type=False):
+  d4 = d.parent / f'{d.name}_v4'
+  if d4.exists():
+    shutil.rmtree(d4)
+  shutil.copytree(d, d4)
+  config = json.loads((d / 'config.json').read_text())
+  (d4 / 'config.json').write_text(json.dumps(v4_config(config, old_type), indent=2) + '\n')
+  return d4
+
+
+def write_edge_cases():
+  """The EDGE_CASES fixtures, from the base fixtures on disk (run `write_fixtures` first)."""
+  import jax
+
+  from experiments.models import hf_loader
+  tok_ids = np.load(OUT / 'llama_tied.npz')
+  ids = [tok_ids['ids'][i, :n].tolist() for i, n in enumerate(tok_ids['lengths'])]
+  TEXTS_RENDERED[:] = [str(t) for t in tok_ids['texts']]
+  rng = np.random.default_rng(44)
+
+  # 1. A tied config whose file also stores a different lm_head.weight: transformers >= 5
+  #    warns, does not tie, and uses the stored head.
+  d = OUT / 'llama_tied_head'
+  shutil.rmtree(d, ignore_errors=True)
+  shutil.copytree(OUT / 'llama_tied', d)
+  _edit_safetensors(d, lambda t: dict(t, **{'lm_head.weight': rng.normal(
+      0, 0.25, t['model.embed_tokens.weight'].shape).astype(np.float32)}))
+  model = load(d)
+  assert model.config.tie_word_embeddings
+  assert not np.array_equal(model.lm_head.weight.detach().numpy(),
+                            model.model.embed_tokens.weight.detach().numpy()), 'transformers tied'
+  ref = logits_of(model, ids)
+  tied = [r[:n] for r, n in zip(np.load(OUT / 'llama_tied.npz')['logits'], map(len, ids))]
+  print(f'llama_tied_head: the stored head moves logits by {max_delta(ref, tied):.2f} '
+        f'(scale {scale_of(ref):.1f})')
+  gen, _ = greedy(model, ids[1], GREEDY_TOKENS)
+  _save_npz('llama_tied_head', ids, ref, gen, 'transformers: stored head, untied')
+  d4 = _with_v4(d)
+  assert max_delta(logits_of(load(d4), ids), ref) == 0.0
+
+  # 2. model.safetensors beside a shard index whose shards hold other weights (halved):
+  #    transformers loads model.safetensors; the loader refuses the directory.
+  d = OUT / 'qwen3_index_and_single'
+  shutil.rmtree(d, ignore_errors=True)
+  shutil.copytree(OUT / 'qwen3', d)
+  params, cfg, _ = hf_loader.load_hf_dir(OUT / 'qwen3', max_len=32)
+  with tempfile.TemporaryDirectory() as tmp:
+    hf_loader.save_hf_dir(tmp, jax.tree.map(lambda x: np.asarray(x) * 0.5, params), cfg,
+                          shard_size=100_000)
+    for f in pathlib.Path(tmp).iterdir():
+      if f.name.startswith('model-') or f.name == 'model.safetensors.index.json':
+        shutil.copy(f, d / f.name)
+  ref = logits_of(load(d), ids)
+  assert max_delta(ref, logits_of(load(OUT / 'qwen3'), ids)) == 0.0, 'read the shards'
+  gen, _ = greedy(load(d), ids[1], GREEDY_TOKENS)
+  _save_npz('qwen3_index_and_single', ids, ref, gen, 'transformers: model.safetensors')
+  _with_v4(d)
+
+  # 3. layer_types marking a sliding layer while use_sliding_window is false: transformers'
+  #    Qwen configs then set sliding_window to None (no window), but 5.25's forward fails
+  #    building a sliding mask without a window; the numbers are full attention's, what the
+  #    config resolves to (the window, 4, is shorter than the prompts, so it would matter).
+  d = OUT / 'qwen2_stale_layer_types'
+  shutil.rmtree(d, ignore_errors=True)
+  shutil.copytree(OUT / 'qwen2', d)
+  config = json.loads((d / 'config.json').read_text())
+  config.update(use_sliding_window=False, sliding_window=4,
+                layer_types=['full_attention', 'sliding_attention'])
+  (d / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
+  try:
+    logits_of(load(d), ids)
+    print('qwen2_stale_layer_types: transformers runs it')
+  except (ValueError, TypeError) as e:
+    print(f'qwen2_stale_layer_types: transformers fails in forward: {type(e).__name__}: {e}')
+  ref = logits_of(load(OUT / 'qwen2'), ids)
+  windowed = dict(config, use_sliding_window=True)
+  with tempfile.TemporaryDirectory() as tmp:
+    shutil.copytree(d, tmp, dirs_exist_ok=True)
+    (pathlib.Path(tmp) / 'config.json').write_text(json.dumps(windowed))
+    moved = max_delta(logits_of(load(tmp), ids), ref)
+  assert moved > 0.05 * scale_of(ref), moved
+  print(f'  a window of 4 would move logits by {moved:.2f} (scale {scale_of(ref):.1f})')
+  gen, _ = greedy(load(OUT / 'qwen2'), ids[1], GREEDY_TOKENS)
+  _save_npz('qwen2_stale_layer_types', ids, ref, gen,
+            'transformers 5.25 fails in forward; full attention (sliding_window resolves to None)')
+  _with_v4(d)
+
+
 def main():
   ids = write_fixtures()
   check_export(ids)
+  write_edge_cases()
 
 
 if __name__ == '__main__':

@@ -208,13 +208,14 @@ def test_sliding_window_shorter_than_max_len_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r'max_len=64 exceeds .*sliding_window=32 on layers \[1\]'):
     hf_loader.config_from_hf(hf, max_len=64)
   assert hf_loader.config_from_hf(hf, max_len=32).max_len == 32
-  hf = sliding_qwen2(sliding_window=16, layer_types=['sliding_attention', 'full_attention'])
+  hf = sliding_qwen2(use_sliding_window=True, sliding_window=16,
+                     layer_types=['sliding_attention', 'full_attention'])
   with pytest.raises(ValueError, match=r'sliding_window=16 on layers \[0\]'):
     hf_loader.config_from_hf(hf, max_len=17)
   with pytest.raises(hf_loader.ConfigError, match='layer_types must be 2 of'):
     hf_loader.config_from_hf(sliding_qwen2(layer_types=['full_attention']), max_len=8)
   d = copy_dir(tmp_path, FIXTURES / 'qwen2',
-               config=sliding_qwen2(sliding_window=24,
+               config=sliding_qwen2(use_sliding_window=True, sliding_window=24,
                                     layer_types=['full_attention', 'sliding_attention']))
   assert pretrained.load(str(d), max_len=24).cfg.max_len == 24
   with pytest.raises(ValueError, match=r'max_len=25 exceeds .*sliding_window=24 on layers \[1\]'):

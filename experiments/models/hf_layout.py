@@ -14,7 +14,10 @@ refuses tensors it did not read (strict accounting); `from_params` is its
 inverse (used to write HF directories).
 """
 
+import dataclasses
 import re
+import warnings
+from typing import Callable
 
 import jax
 import numpy as np
@@ -34,25 +37,46 @@ def _check(name, x, shape):
 NON_WEIGHTS = (r'model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq', r'model\.rotary_emb\.inv_freq')
 
 
-def unread(tensors, cfg: decoder.PolicyConfig) -> list[str]:
-  """Names in `tensors` that `to_params` does not consume (and are not known non-weights)."""
-  used = set(_names(cfg))
-  if cfg.tie_embeddings:
-    used.add('lm_head.weight')  # Some tied checkpoints store the copy anyway; dropped.
+EMBED, HEAD = 'model.embed_tokens.weight', 'lm_head.weight'
+
+
+def tied_head(cfg: decoder.PolicyConfig, names, same: Callable[[], bool],
+              source: str = 'checkpoint') -> tuple[decoder.PolicyConfig, tuple[str, ...]]:
+  """(cfg, redundant names) for a tied config (tie_word_embeddings) whose checkpoint also
+  stores `lm_head.weight`, read as transformers >= 5 reads it: a copy equal to the
+  embedding (`same()`, exact equality as `torch.equal`) is redundant and dropped; a
+  different head is loaded untied (cfg.tie_embeddings False), with a warning naming it."""
+  if not cfg.tie_embeddings or HEAD not in names:
+    return cfg, ()
+  if same():
+    return cfg, (HEAD,)
+  warnings.warn(f'{source}: config.json ties the embeddings (tie_word_embeddings) but the '
+                f'stored {HEAD} differs from {EMBED}; loading the stored head untied, as '
+                'transformers >= 5 does (set tie_word_embeddings to false to silence this)',
+                stacklevel=3)
+  return dataclasses.replace(cfg, tie_embeddings=False), ()
+
+
+def unread(tensors, cfg: decoder.PolicyConfig, redundant=()) -> list[str]:
+  """Names in `tensors` that `to_params` does not consume (and are not known non-weights
+  or `redundant`, e.g. a tied head's stored copy: `tied_head`)."""
+  used = set(_names(cfg)) | set(redundant)
   return sorted(n for n in tensors if n not in used
                 and not any(re.fullmatch(p, n) for p in NON_WEIGHTS))
 
 
-def to_params(tensors: dict, cfg: decoder.PolicyConfig, *, source: str = 'checkpoint'):
+def to_params(tensors: dict, cfg: decoder.PolicyConfig, *, source: str = 'checkpoint',
+              redundant=()):
   """HF-layout tensors -> decoder params (float32 numpy arrays).
 
   Every tensor must be consumed: names the config does not account for (e.g. an
-  o_proj bias under a config without attention_bias) raise a ValueError listing them.
+  o_proj bias under a config without attention_bias) raise a ValueError listing them;
+  `redundant` names are exempt (see `tied_head`).
   """
   missing = [n for n in _names(cfg) if n not in tensors]
   if missing:
     raise ValueError(f'{source} lacks {len(missing)} tensors, e.g. {missing[:3]}')
-  extra = unread(tensors, cfg)
+  extra = unread(tensors, cfg, redundant)
   if extra:
     raise ValueError(f'{source} has {len(extra)} tensors the config does not use (so the model '
                      f'would compute something else): {extra[:8]}')

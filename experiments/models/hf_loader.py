@@ -124,8 +124,9 @@ def rope_config(hf: dict, where: str = 'config.json') -> dict:
 def sliding_layers(hf: dict, where: str = 'config.json') -> tuple[list[int], Optional[int]]:
   """(indices of sliding-window attention layers, window) as transformers reads them.
 
-  Qwen2/Qwen3: `layer_types` if given (transformers >= 4.53 writes it); otherwise
-  layers i >= max_window_layers slide iff use_sliding_window. Llama has no window.
+  Qwen2/Qwen3: no window unless use_sliding_window (their configs then set sliding_window
+  to None, whatever `layer_types` says); with it, `layer_types` if given (transformers >=
+  4.53 writes it), else layers i >= max_window_layers. Llama has no window.
   """
   n = hf['num_hidden_layers']
   window = hf.get('sliding_window')
@@ -135,12 +136,12 @@ def sliding_layers(hf: dict, where: str = 'config.json') -> tuple[list[int], Opt
     if bad or len(types) != n:
       raise ConfigError(f'{where}: layer_types must be {n} of full_attention / '
                         f'sliding_attention, got {types!r}')
-    layers = [i for i, t in enumerate(types) if t == 'sliding_attention']
-  elif hf.get('model_type') != 'llama' and hf.get('use_sliding_window', False):
-    first = hf.get('max_window_layers', 28)
-    layers = list(range(first, n))
-  else:
+  if hf.get('model_type') == 'llama' or not hf.get('use_sliding_window', False):
     layers = []
+  elif types is not None:
+    layers = [i for i, t in enumerate(types) if t == 'sliding_attention']
+  else:
+    layers = list(range(hf.get('max_window_layers', 28), n))
   if layers and window is None:
     raise ConfigError(f'{where}: sliding-window layers {layers} but no sliding_window')
   return layers, window
@@ -260,10 +261,20 @@ def _read_safetensors(files: list[str]) -> dict:
 
 
 def safetensors_files(path: pathlib.Path) -> list[str]:
-  """The weight files of an HF dir; with model.safetensors.index.json, exactly its shards."""
+  """The weight files of an HF dir; with model.safetensors.index.json, exactly its shards.
+
+  A directory with both model.safetensors and an index is refused (the two can hold
+  different weights, e.g. a sharded revision downloaded over a single-file one, and
+  transformers would load model.safetensors); other files the index does not name are
+  ignored, as transformers ignores them.
+  """
   files = sorted(glob.glob(str(path / '*.safetensors')))
   index = path / 'model.safetensors.index.json'
   if index.is_file():
+    if (path / 'model.safetensors').is_file():
+      raise ValueError(f'{path} holds both model.safetensors and model.safetensors.index.json, '
+                       'which may be different weights (e.g. a sharded revision downloaded over '
+                       'a single-file one); remove the one that is stale')
     try:
       wanted = set(json.loads(index.read_text())['weight_map'].values())
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as e:
@@ -281,14 +292,20 @@ def load_hf_dir(path: str | os.PathLike, *, max_len: int, dtype=jnp.float32,
                 remat: bool = False):
   """HF directory -> (params as float32 numpy arrays, cfg, parsed config.json).
 
-  Fails if a tensor in the files is not consumed (see `hf_layout.to_params`).
+  Fails if a tensor in the files is not consumed (see `hf_layout.to_params`). A tied
+  config whose files also hold a different `lm_head.weight` loads that head untied, with
+  a warning (`hf_layout.tied_head`, as transformers >= 5); cfg then says so.
   """
   path = pathlib.Path(path)
   where = str(path / 'config.json')
   hf = read_config(path / 'config.json')
   cfg = config_from_hf(hf, max_len=max_len, dtype=dtype, remat=remat, where=where)
   tensors = _read_safetensors(safetensors_files(path))
-  params = hf_layout.to_params(tensors, cfg, source=f'{path} (*.safetensors)')
+  source = f'{path} (*.safetensors)'
+  cfg, redundant = hf_layout.tied_head(
+      cfg, tensors, lambda: np.array_equal(tensors[hf_layout.EMBED], tensors[hf_layout.HEAD]),
+      source)
+  params = hf_layout.to_params(tensors, cfg, source=source, redundant=redundant)
   return params, cfg, hf
 
 

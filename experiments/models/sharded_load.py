@@ -197,12 +197,21 @@ class _Files:
     except Exception as e:
       raise ValueError(f'{f}: cannot read tensor {name}: {type(e).__name__}: {e}') from e
 
-  def check(self, table: dict, cfg, source: str):
+  def equal(self, a: str, b: str, rows: int = 4096) -> bool:
+    """Whether 2-D tensors a and b are equal, compared `rows` rows at a time."""
+    sa, sb = self.get_slice(a), self.get_slice(b)
+    if list(sa.get_shape()) != list(sb.get_shape()):
+      return False
+    n = sa.get_shape()[0]
+    return all(np.array_equal(np.asarray(sa[i:min(i + rows, n)]),
+                              np.asarray(sb[i:min(i + rows, n)])) for i in range(0, n, rows))
+
+  def check(self, table: dict, cfg, source: str, redundant=()):
     """Strict accounting (as `hf_layout.to_params`) plus each tensor's shape and dtype."""
     missing = [n for n in hf_layout._names(cfg) if n not in self.where]
     if missing:
       raise ValueError(f'{source} lacks {len(missing)} tensors, e.g. {missing[:3]}')
-    extra = hf_layout.unread(self.where, cfg)
+    extra = hf_layout.unread(self.where, cfg, redundant)
     if extra:
       raise ValueError(f'{source} has {len(extra)} tensors the config does not use (so the model '
                        f'would compute something else): {extra[:8]}')
@@ -260,6 +269,7 @@ def load_hf_dir_sharded(path: str | os.PathLike, mesh: jax.sharding.Mesh, *, max
   weights must then share one). shardings: a params-shaped pytree of shardings;
   default `train_step.param_sharding` over `mesh` (the loop's, no resharding needed).
   Errors name the file: missing shards, corrupt files, wrong shapes, unread tensors.
+  A tied config with a different stored head loads it untied (`hf_layout.tied_head`).
   """
   from experiments.training import train_step as ts  # not at import: keeps models/ light
 
@@ -267,10 +277,12 @@ def load_hf_dir_sharded(path: str | os.PathLike, mesh: jax.sharding.Mesh, *, max
   where = str(path / 'config.json')
   hf = hf_loader.read_config(path / 'config.json')
   cfg = hf_loader.config_from_hf(hf, max_len=max_len, dtype=dtype, remat=remat, where=where)
-  table = leaf_table(cfg)
-  files = _Files(path)
+  files, source = _Files(path), f'{path} (*.safetensors)'
   with files.session():
-    files.check(table, cfg, source=f'{path} (*.safetensors)')
+    cfg, redundant = hf_layout.tied_head(
+        cfg, files.where, lambda: files.equal(hf_layout.EMBED, hf_layout.HEAD), source)
+    table = leaf_table(cfg)
+    files.check(table, cfg, source=source, redundant=redundant)
     kinds = files.dtypes(table)
   if param_dtype is None:
     if len(kinds) != 1:
