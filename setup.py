@@ -5,6 +5,7 @@ setup(
     name="treecredit",
     version="0.1.0",
     description=__doc__,
+    license="Apache-2.0",
     python_requires=">=3.11",
     packages=["trees", "credit", "envs", "experiments", "experiments.models", "experiments.rollouts",
               "experiments.training", "configs"],
