@@ -12,9 +12,11 @@ from credit import (answer_mask, confidence, context_shift, difficulty,  # noqa:
 # Value-based credit beside tree values (issue 24); milestone and probe credit (issue 23).
 from credit import (expert_traces, hindsight, milestones, probes, replay, tool_credit,  # noqa: F401
                     tree_search, turn_norm, turn_weighting, values)
+from credit import catalogue  # noqa: F401  (the method catalogue; `python -m credit`)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
-from credit.registry import (check_hparams, get, hparam_names, init_state, loss_mask, names,
-                             needs, register, row_masked, stateful, update_state)
+from credit.registry import (ALIASES, canonical, check_hparams, get, hparam_names, init_state,
+                             loss_mask, names, needs, register, row_masked, stateful,
+                             update_state)
 from credit.returns import (discounted_returns, gae_advantages, outcome_token_rewards,
                             reverse_linear_scan, td_lambda_returns)
 from credit.rollouts import Rollouts, StepProbes, tree_of

@@ -33,6 +33,19 @@ _NEEDS: dict[str, tuple[str, ...]] = {}
 _LOSS_MASKS: dict[str, Callable] = {}
 _STATES: dict[str, tuple[Callable, Callable]] = {}
 _ROWS: set[str] = set()
+# verl's `adv_estimator` names (verl/trainer/ppo/core_algos.py) for the same methods, accepted
+# wherever a name is; where our numbers differ, docs/conventions.md says why.
+ALIASES = {
+    'reinforce_plus_plus': 'reinforce_pp',
+    'reinforce_plus_plus_baseline': 'reinforce_pp_baseline',
+    'rloo_vectorized': 'rloo',
+    'grpo_vectorized': 'grpo',
+}
+
+
+def canonical(name: str) -> str:
+  """The registered name for `name` (itself, or the estimator an alias names)."""
+  return ALIASES.get(name, name)
 
 
 def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callable] = None,
@@ -43,8 +56,9 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
   honours `Rollouts.row_mask` (groups of varying size)."""
 
   def decorator(fn):
-    if name in _REGISTRY:
-      raise ValueError(f"credit estimator {name!r} is already registered.")
+    if name in _REGISTRY or name in ALIASES:
+      raise ValueError(f"credit estimator {name!r} is already registered"
+                       f"{' (an alias)' if name in ALIASES else ''}.")
 
     @functools.wraps(fn)
     def estimator(rollouts, **hparams):
@@ -84,7 +98,7 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
 def get(name: str) -> Callable:
   """The estimator registered as `name`; raises ValueError listing the valid names."""
   try:
-    return _REGISTRY[name]
+    return _REGISTRY[canonical(name)]
   except KeyError:
     raise ValueError(f"unknown credit estimator {name!r}; valid names: {', '.join(names())}."
                      ) from None
@@ -123,7 +137,7 @@ def row_masked() -> list[str]:
 def needs(name: str) -> tuple[str, ...]:
   """The optional `Rollouts` fields estimator `name` reads (e.g. ('ref_logprobs',))."""
   get(name)
-  return _NEEDS[name]
+  return _NEEDS[canonical(name)]
 
 
 def loss_mask(name: str, rollouts, advantages, **hparams):
@@ -131,20 +145,28 @@ def loss_mask(name: str, rollouts, advantages, **hparams):
   (`rollouts.trained_mask`, the policy's tokens, unless it registered a `loss_mask`,
   which is then restricted to them)."""
   get(name)
+  name = canonical(name)
   if name not in _LOSS_MASKS:
     return rollouts.trained_mask
   return _LOSS_MASKS[name](rollouts, advantages, **hparams) & rollouts.trained_mask
 
 
+def has_loss_mask(name: str) -> bool:
+  """Whether estimator `name` takes tokens out of the policy loss (`register(loss_mask=)`)."""
+  get(name)
+  return canonical(name) in _LOSS_MASKS
+
+
 def stateful(name: str) -> bool:
   """Whether estimator `name` carries state across training steps (`register(state=)`)."""
   get(name)
-  return name in _STATES
+  return canonical(name) in _STATES
 
 
 def init_state(name: str, **hparams):
   """The first `credit_state` of estimator `name` (None for a stateless one)."""
   get(name)
+  name = canonical(name)
   return _STATES[name][0](**hparams) if name in _STATES else None
 
 
@@ -152,4 +174,5 @@ def update_state(name: str, state, rollouts, **hparams):
   """The state after this batch (`rollouts`, with the advantages already taken from
   `state`); None for a stateless estimator."""
   get(name)
+  name = canonical(name)
   return _STATES[name][1](state, rollouts, **hparams) if name in _STATES else None

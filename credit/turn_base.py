@@ -139,7 +139,8 @@ def _from_rollouts(name, fn):
                        f"of multi-turn trajectories); got None.")
     return fn(rollouts, rollouts.turns, **hparams)
 
-  estimator.__name__, estimator.__doc__ = name, fn.__doc__
+  turn_doc = inspect.getdoc(inspect.unwrap(fn)) or ''  # the turn function's, then the wrapper's
+  estimator.__name__, estimator.__doc__ = name, f'{turn_doc}\n\n{inspect.getdoc(fn) or ""}'
   # The signature callers see (`credit.hparam_names`): rollouts, then the turn function's
   # hyperparameters (`fn` is a token wrapper whose signature follows __wrapped__ to it).
   turn_params = list(inspect.signature(fn).parameters.values())[1:]
