@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings
 
 import credit
@@ -639,10 +640,11 @@ def treerl_reference(mask, rewards, parent, fork, **kwargs):
 @settings(max_examples=20, deadline=None)
 @given(sampled_trees(sizes=(4, 7)))
 def test_treerl_matches_authors_without_their_two_departures(group):
-  """Identical to the authors' path values without fill_in_paths and with √n(s) applied as
-  the paper does (after the sum, `sqrt_leaves=True`) or not at all (the default). Groups of
-  at least 2 (the authors assert more than one leaf); forks restricted by `treerl_mappable`;
-  all leaves selected (use_all_terminals, or num_traces = the number of leaves)."""
+  """The paper variant (the default) is identical to the authors' path values without
+  fill_in_paths and with √n(s) applied as the paper does (after the sum, `sqrt_leaves=True`)
+  or not at all; `variant='code'` is identical to the released options. Groups of at least 2
+  (the authors assert more than one leaf); forks restricted by `treerl_mappable`; all leaves
+  selected (use_all_terminals, or num_traces = the number of leaves)."""
   tokens, mask, rewards, parent, fork = treerl_case(group)
   adv, _ = project("treerl", tokens, mask, rewards, parent, fork)
   np.testing.assert_allclose(adv, treerl_reference(mask, rewards, parent, fork, sqrt="none",
@@ -650,6 +652,8 @@ def test_treerl_matches_authors_without_their_two_departures(group):
   adv, _ = project("treerl", tokens, mask, rewards, parent, fork, sqrt_leaves=True)
   np.testing.assert_allclose(adv, treerl_reference(mask, rewards, parent, fork, sqrt="after",
                                                    fill_in=False), **TOL)
+  adv, _ = project("treerl", tokens, mask, rewards, parent, fork, variant="code")
+  np.testing.assert_allclose(adv, treerl_reference(mask, rewards, parent, fork), **TOL)
 
 
 def test_treerl_departures_on_a_fixed_tree():
@@ -657,9 +661,9 @@ def test_treerl_departures_on_a_fixed_tree():
   at 2 (reward 1). Normalised leaves 0.5, −1, 0.5. Response 0's segments: token 0 (all
   three, V 0), token 1 ({0, 2}, V 0.5), token 2 (its leaf, V 0.5).
   fill_in_paths: the last segment's difference is 0, so the authors copy 0.5 into it: 1.0
-  where the paper (the project) gives 0 + 0.5 = 0.5.
+  where the paper (the project's default) gives 0 + 0.5 = 0.5.
   √n before the differences: V' = V/√n, token 1 gets 2·0.5/√2 = 0.7071 in both, token 2
-  (0.5 − 0.3536) + 0.5 = 0.6464 from the authors, (0 + 0.5)/√1 = 0.5 from the project."""
+  (0.5 − 0.3536) + 0.5 = 0.6464 from the authors, (0 + 0.5)/√1 = 0.5 from the paper."""
   lengths, parent, fork, rewards = [3, 3, 3], [-1, 0, 0], [0, 1, 2], [1.0, 0.0, 1.0]
   args = fixed_group(lengths, parent, fork, rewards)
   _, mask, r, p, f = args
@@ -672,3 +676,9 @@ def test_treerl_departures_on_a_fixed_tree():
   adv, _ = project("treerl", *args, sqrt_leaves=True)
   np.testing.assert_allclose(adv[0, 0], [0.0, 0.70711, 0.5], atol=1e-5)
   np.testing.assert_allclose(adv[0, 1], authors[1], atol=1e-5)  # response 1 agrees
+  adv, _ = project("treerl", *args, variant="code")
+  np.testing.assert_allclose(adv[0], authors, atol=1e-5)
+  with pytest.raises(ValueError, match="variant"):
+    project("treerl", *args, variant="released")
+  with pytest.raises(ValueError, match="sqrt_leaves"):
+    project("treerl", *args, variant="code", sqrt_leaves=True)

@@ -107,6 +107,7 @@ REDUCTIONS = [  # tree estimator == its outcome-level counterpart when nothing i
     ("sibling_grpo", {}, lambda r: credit.get("grpo")(r)),
     ("treerl", {}, lambda r: 2 * credit.get("rloo")(r)),
     ("treerl", dict(sqrt_leaves=True), lambda r: 2 * credit.get("rloo")(r)),
+    ("treerl", dict(variant="code"), lambda r: 2 * credit.get("rloo")(r)),
     ("treepo", {}, lambda r: credit.get("reinforce_pp_baseline")(r)),
     ("tree_grpo", {}, lambda r: credit.get("grpo")(r)),
     ("mars2_shaping", {}, lambda r: credit.get("grpo")(r.replace(rewards=flat_mars2(r.rewards)))),
