@@ -102,9 +102,12 @@ def cast(turns: Turns, signal: str = "steps", outcome: str = "grpo", alpha: floa
 # --------------------------------------------------------------------------- IGPO
 
 
+_IGPO_VARIANTS = ("paper", "code")
+
+
 @_validated
 def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: bool = True,
-         eps: float = _EPS):
+         eps: float = _EPS, variant: str = "paper"):
   """IGPO (Wang et al. 2025): information-gain turn rewards, group-normalised, discounted.
 
   p_k = exp(answer_logprobs_k), the policy's (length-normalised, i.e. geometric-mean
@@ -118,10 +121,23 @@ def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: b
   a turn's advantage is the discounted sum of the normalised rewards from it on,
   A_k = Σ_{j≥k} γ^{j−k} r̃_j. Outcome counterpart (tested): with one turn per
   trajectory it is GRPO. Returns float32 [..., G, K], 0 on untaken turns.
+
+  `variant='code'` is the authors' released code (GuoqingWang1/IGPO @bff163b,
+  `core_algos.compute_grpo_outcome_advantage` with `adv_estimator=grpo`; docs/conventions.md):
+  raw rewards (gains p_{k+1} − p_k, the outcome on the last turn), A_k = R_k − (1/G)
+  Σ_g' R_{g',k} with R_k = Σ_{j≥k} γ^{j−k} r_j (untaken turns 0), no std division. The
+  authors' baseline is per token position; this one is per turn index, equal when turns span
+  the same positions across the group. `scale_by_std` and `eps` do not apply.
   """
+  if variant not in _IGPO_VARIANTS:
+    raise ValueError(f"igpo variant={variant!r}; valid: {', '.join(_IGPO_VARIANTS)}.")
   _check_unit("gamma", gamma)
   answer_logprobs = _per_state(turns, "answer_logprobs", answer_logprobs, "igpo",
                                "probe log-probs of the gold answer")
+  if variant == "code":
+    return _igpo_code(jnp.asarray(turns.rewards, jnp.float32),
+                      jnp.asarray(turns.turn_mask, bool), answer_logprobs,
+                      jnp.asarray(gamma, jnp.float32))
   return _igpo(jnp.asarray(turns.rewards, jnp.float32), jnp.asarray(turns.turn_mask, bool),
                answer_logprobs, jnp.asarray(gamma, jnp.float32), jnp.asarray(eps, jnp.float32),
                bool(scale_by_std))
@@ -137,3 +153,13 @@ def _igpo(rewards, mask, answer_logprobs, gamma, eps, scale_by_std):
                       scale_by_std, eps)
   return discounted_returns(norm.reshape(mask.shape), mask, gamma)
 
+
+@jax.jit
+def _igpo_code(rewards, mask, answer_logprobs, gamma):
+  """igpo(variant='code'): raw rewards, returns-to-go, minus the group's per-turn-index
+  mean of the returns (untaken turns count 0 in it); no std division."""
+  p = jnp.exp(answer_logprobs)
+  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
+  reward = jnp.where(mask, rewards + jnp.where(last, 0.0, p[..., 1:] - p[..., :-1]), 0.0)
+  returns = jnp.where(mask, discounted_returns(reward, mask, gamma), 0.0)
+  return jnp.where(mask, returns - jnp.mean(returns, axis=-2, keepdims=True), 0.0)

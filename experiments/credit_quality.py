@@ -1,7 +1,7 @@
 """Credit accuracy of every registered estimator against the exact advantages of token_tree.
 
     python -m experiments.credit_quality [--group_sizes 4,8,16,64] [--num_prompts 512]
-        [--max_responses 8192] [--seed 0] [--seeds 1] [--estimators grpo,tempo]
+        [--max_responses 8192] [--seed 0] [--seeds 1] [--estimators "grpo,treerl[variant='code']"]
         [--num_decisive 3] [--depth 6] [--graded] [--workdir /tmp/treecredit/credit_quality]
 
 On the token-tree task (`envs.token_tree`) the true advantage of response token t
@@ -45,6 +45,7 @@ import numpy as np
 
 import credit
 import envs
+from experiments.training import methods
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -128,14 +129,26 @@ def _rollouts(task, key, info, group_size):
   return tokens, mask, rewards, task.policy_log_probs(info, tokens), true_adv, extra
 
 
+def _split(item: str) -> tuple:
+  """'treerl[variant=\'code\']' -> ('treerl', (('variant', 'code'),)); 'grpo' -> ('grpo', ())."""
+  name, bracket, rest = item.partition('[')
+  if bracket and not rest.endswith(']'):
+    raise ValueError(f'estimator {item!r}: write name[key=value,...]')
+  return name, methods._method_hparams(rest[:-1], item) if bracket else ()
+
+
 @functools.cache
-def _jitted(name):
-  return jax.jit(credit.get(name))
+def _jitted(item):
+  name, hp = _split(item)
+  return jax.jit(functools.partial(credit.get(name), **dict(hp)))
 
 
-def _initial_state(name):
-  """`credit.init_state(name)` for a registered stateful estimator, else None."""
-  return credit.init_state(name) if name in credit.names() and credit.stateful(name) else None
+def _initial_state(item):
+  """`credit.init_state` for a registered stateful estimator, else None."""
+  name, hp = _split(item)
+  if name not in credit.names() or not credit.stateful(name):
+    return None
+  return credit.init_state(name, **dict(hp))
 
 
 def prompts_for(group_size: int, num_prompts: int, max_responses: int | None) -> int:
@@ -293,7 +306,8 @@ def main(argv=None) -> dict:
                       help="caps B·G (B = min(num_prompts, max_responses // G)); 0: no cap.")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--seeds", type=int, default=1, help="runs seeds seed, ..., seed+seeds-1.")
-  parser.add_argument("--estimators", default="", help="comma list; default: credit.names().")
+  parser.add_argument("--estimators", default="",
+                      help="comma list, each name[key=value,...]; default: credit.names().")
   parser.add_argument("--workdir", default="/tmp/treecredit/credit_quality")
   for field, kind in (("num_symbols", int), ("depth", int), ("num_decisive", int),
                       ("key_prob", float), ("key_prob_spread", float)):
@@ -305,9 +319,10 @@ def main(argv=None) -> dict:
                                                "key_prob_spread", "graded")
                  if getattr(args, k) is not None}
   task = envs.get("token_tree", **task_kwargs)
-  estimators = [n for n in args.estimators.split(",") if n] or credit.names()
-  for name in estimators:
-    credit.get(name)  # an unknown name fails here, listing the valid ones
+  estimators = methods._split_methods(args.estimators) if args.estimators else credit.names()
+  for item in estimators:  # an unknown name or hyperparameter fails here, naming it
+    name, hp = _split(item)
+    credit.check_hparams(name, dict(hp))
   seeds = list(range(args.seed, args.seed + args.seeds))
   max_responses = args.max_responses or None
 

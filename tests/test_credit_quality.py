@@ -100,3 +100,18 @@ def test_main_end_to_end(tmp_path, capsys):
   corr_mean, corr_std = saved["summary"]["tempo"]["4"]["corr"]
   assert -1 <= corr_mean <= 1 and corr_std >= 0
   assert report["group_sizes"] == [2, 4]
+
+
+def test_estimators_take_hyperparameters():
+  """'name[key=value]' scores the estimator with those hyperparameters (here treerl's two
+  variants, which differ on i.i.d. prefix trees); bad ones are refused by name."""
+  out = cq.measure(envs.get("token_tree"), ["treerl", "treerl[variant='code']"], [4], 64,
+                   seed=0, max_responses=None)
+  paper, code = (out["results"][n][4]["corr"] for n in ("treerl", "treerl[variant='code']"))
+  assert math.isfinite(code) and paper != code
+  assert cq._split("treerl[variant='code',sqrt_leaves=False]") == (
+      "treerl", (("sqrt_leaves", False), ("variant", "code")))
+  with pytest.raises(ValueError, match="name\\[key=value"):
+    cq._split("treerl[variant='code'")
+  with pytest.raises(ValueError, match="no hyperparameter color"):
+    cq.main(["--estimators", "treerl[color=1]", "--group_sizes", "4"])
