@@ -179,7 +179,6 @@ def write_fixtures():
                                                             tokenize=False) for t in TEXTS]
   ids = [fast(t, add_special_tokens=False)['input_ids'] for t in texts]
   assert all(tok.decode(r, skip_special_tokens=False) == t for r, t in zip(ids, texts))
-  t_max = max(map(len, ids))
   print(f'vocab {tok.get_vocab_size()}, prompt lengths {[len(r) for r in ids]}')
   for index, (name, (model_type, kwargs, old_type)) in enumerate(MODELS.items()):
     for seed in range(100 * index, 100 * index + 50):  # the first seed without near-ties
@@ -213,16 +212,7 @@ def write_fixtures():
         unscaled = max_delta(logits_of(load(tmp), ids), ref)
       assert unscaled > 0.1 * scale, (name, unscaled, scale)
       print(f'  {name}: unscaled RoPE would move logits by {unscaled:.2f} (scale {scale:.1f})')
-    padded = np.zeros((len(ids), t_max), np.int32)
-    logits = np.zeros((len(ids), t_max, tok.get_vocab_size()), np.float32)
-    for i, (row, lg) in enumerate(zip(ids, ref)):
-      padded[i, :len(row)] = row
-      logits[i, :len(row)] = lg
-    np.savez_compressed(
-        OUT / f'{name}.npz', ids=padded, lengths=np.array([len(r) for r in ids], np.int32),
-        texts=np.array(texts), chat=np.array(json.dumps(CHAT)), logits=logits,
-        greedy_prompt=np.int32(1), greedy_ids=np.array(gen, np.int32),
-        versions=np.array(f'transformers {transformers.__version__}, torch {torch.__version__}'))
+    save_npz(name, ids, texts, ref, gen)
     size = sum(f.stat().st_size for f in d5.rglob('*') if f.is_file())
     print(f'{name}: {model_type}, seed {seed}, logit scale {scale:.1f}, min top-2 margin '
           f'{min(margin, gen_margin):.3f}, dir {size / 1e3:.0f} kB, greedy {gen}')
@@ -284,7 +274,8 @@ def check_export(ids):
 EDGE_CASES = ('llama_tied_head', 'qwen3_index_and_single', 'qwen2_stale_layer_types')
 
 
-def _save_npz(name, ids, ref, gen, note):
+def save_npz(name, ids, texts, ref, gen, note=None):
+  """OUT/<name>.npz: the prompts' ids, transformers' logits [N, T, V], the greedy tokens."""
   import torch
   import transformers
   t_max = max(map(len, ids))
@@ -295,12 +286,10 @@ def _save_npz(name, ids, ref, gen, note):
     logits[i, :len(row)] = lg
   np.savez_compressed(
       OUT / f'{name}.npz', ids=padded, lengths=np.array([len(r) for r in ids], np.int32),
-      texts=np.array(TEXTS_RENDERED), chat=np.array(json.dumps(CHAT)), logits=logits,
-      greedy_prompt=np.int32(1), greedy_ids=np.array(gen, np.int32), note=np.array(note),
-      versions=np.array(f'transformers {transformers.__version__}, torch {torch.__version__}'))
-
-
-TEXTS_RENDERED: list = []
+      texts=np.array(texts), chat=np.array(json.dumps(CHAT)), logits=logits,
+      greedy_prompt=np.int32(1), greedy_ids=np.array(gen, np.int32),
+      versions=np.array(f'transformers {transformers.__version__}, torch {torch.__version__}'),
+      **({} if note is None else {'note': np.array(note)}))
 
 
 def _edit_safetensors(d, fn):
@@ -326,7 +315,7 @@ def write_edge_cases():
   from experiments.models import hf_loader
   tok_ids = np.load(OUT / 'llama_tied.npz')
   ids = [tok_ids['ids'][i, :n].tolist() for i, n in enumerate(tok_ids['lengths'])]
-  TEXTS_RENDERED[:] = [str(t) for t in tok_ids['texts']]
+  texts = [str(t) for t in tok_ids['texts']]
   rng = np.random.default_rng(44)
 
   # 1. A tied config whose file also stores a different lm_head.weight: transformers >= 5
@@ -345,7 +334,7 @@ def write_edge_cases():
   print(f'llama_tied_head: the stored head moves logits by {max_delta(ref, tied):.2f} '
         f'(scale {scale_of(ref):.1f})')
   gen, _ = greedy(model, ids[1], GREEDY_TOKENS)
-  _save_npz('llama_tied_head', ids, ref, gen, 'transformers: stored head, untied')
+  save_npz('llama_tied_head', ids, texts, ref, gen, 'transformers: stored head, untied')
   d4 = _with_v4(d)
   assert max_delta(logits_of(load(d4), ids), ref) == 0.0
 
@@ -364,7 +353,7 @@ def write_edge_cases():
   ref = logits_of(load(d), ids)
   assert max_delta(ref, logits_of(load(OUT / 'qwen3'), ids)) == 0.0, 'read the shards'
   gen, _ = greedy(load(d), ids[1], GREEDY_TOKENS)
-  _save_npz('qwen3_index_and_single', ids, ref, gen, 'transformers: model.safetensors')
+  save_npz('qwen3_index_and_single', ids, texts, ref, gen, 'transformers: model.safetensors')
   _with_v4(d)
 
   # 3. layer_types marking a sliding layer while use_sliding_window is false: transformers'
@@ -392,7 +381,7 @@ def write_edge_cases():
   assert moved > 0.05 * scale_of(ref), moved
   print(f'  a window of 4 would move logits by {moved:.2f} (scale {scale_of(ref):.1f})')
   gen, _ = greedy(load(OUT / 'qwen2'), ids[1], GREEDY_TOKENS)
-  _save_npz('qwen2_stale_layer_types', ids, ref, gen,
+  save_npz('qwen2_stale_layer_types', ids, texts, ref, gen,
             'transformers 5.25 fails in forward; full attention (sliding_window resolves to None)')
   _with_v4(d)
 
