@@ -267,6 +267,47 @@ def test_full_disk_while_a_checkpoint_is_written(tmp_path, reference, monkeypatc
   assert checkpoint_names(tmp_path) == ['5', '6']  # the partial write removed on the rerun
 
 
+def interrupt_at(source_line: str, step: int):
+  """A trace function raising KeyboardInterrupt (Ctrl-C) just before `loop.train` runs the
+  line holding `source_line`, the `step`-th time it gets there (counting from 0)."""
+  import inspect
+  import sys
+  from experiments.training import loop
+  lines, first = inspect.getsourcelines(loop.train)
+  target = first + next(i for i, text in enumerate(lines) if source_line in text)
+  code, seen = loop.train.__code__, [0]
+
+  def on_line(frame, event, arg):
+    if event == 'line' and frame.f_lineno == target:
+      seen[0] += 1
+      if seen[0] == step + 1:
+        sys.settrace(None)
+        raise KeyboardInterrupt
+    return on_line
+
+  return lambda frame, event, arg: on_line if frame.f_code is code else None
+
+
+def test_interrupt_between_the_update_and_its_commit_resumes_exactly(tmp_path, reference):
+  """Ctrl-C after the donating update has replaced the params of step 3, before the step
+  counter and the loop state are committed. The handler must not checkpoint those params
+  under step 3 (a resume would apply step 3's update twice): it keeps the last checkpoint
+  (step 2, checkpoints every 2 steps here), and the rerun gives the uninterrupted rows."""
+  import sys
+  from experiments.training import loop
+  cfg = tiny_cfg(STEPS)
+  cfg.rl.ckpt_every = 2
+  sys.settrace(interrupt_at('next_expert = expert_opt', step=3))
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      loop.train(cfg, str(tmp_path), init_params(cfg), method=METHOD)
+  finally:
+    sys.settrace(None)
+  assert checkpoint_names(tmp_path) == ['2']
+  out = loop.train(cfg, str(tmp_path), init_params(cfg), method=METHOD)
+  assert_like_reference(tmp_path, out, reference)
+
+
 def garble(step_dir):
   """Overwrites every array data file of a checkpoint (a disk or copy gone wrong)."""
   n = 0

@@ -1157,7 +1157,7 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
 
   bar = tqdm(range(start, cfg.rl.steps), desc=f'RL {method} s{seed}', disable=not progress,
              initial=start, total=cfg.rl.steps, leave=False)
-  last_eval, pending = {}, None
+  last_eval, pending, dirty = {}, None, False
   try:
     if start == 0:  # eval of the starting policy, logged as step 0
       last_eval = problem.evaluate(state.params, cfg.eval, **lib_kw())
@@ -1301,6 +1301,9 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                              else (None, {}))
       next_store = (replay_lib.update(replay_store, draw.prompt_ids, samples, rewards, replayed,
                                       step=i, **replay_kw) if need_replay else None)
+      # From the donating update to the commit below, `state` and the loop state are not one
+      # step's: an interrupt there keeps the last checkpoint (see KeyboardInterrupt below).
+      dirty = True
       if need_values and i < ccfg.critic_warmup:  # verl's critic_warmup: the critic alone
         m = dict(critic_warmup=1.0)
       else:
@@ -1318,9 +1321,9 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
                                                   es.opt_state, em['loss'])
       # `state` is now the state after this step (the old one was donated); the credit,
       # critic and replay states after it are committed with it, in one statement.
-      step, credit_state, critic_state, replay_store, expert_opt, pass_rate, library = (
+      step, credit_state, critic_state, replay_store, expert_opt, pass_rate, library, dirty = (
           i + 1, next_credit_state if stateful else None, next_critic, next_store, next_expert,
-          next_rate, next_library)
+          next_rate, next_library, False)
       m.update(cm)
       m.update(exp_m)
       pending = dict(step=step, wall_s=time.time() - t_start, method=method, seed=seed,
@@ -1375,10 +1378,13 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   except KeyboardInterrupt:
     if pending is not None:  # interrupted during eval: keep the update, log it without eval
       writer.write(pending)
-    if mngr.latest_step() != step:
+    if not dirty and mngr.latest_step() != step:
       checkpoint()
+    saved = mngr.latest_step()
     mngr.close()
-    print(f'\nInterrupted: saved step {step} to {workdir}/checkpoints; rerun to resume.')
+    print(f'\nInterrupted{" during an update" if dirty else ""}: {workdir}/checkpoints holds '
+          f'step {saved}; rerun to resume from there.' if saved is not None else
+          f'\nInterrupted before the first checkpoint; rerun to start over.')
     raise
   mngr.close()
   out = summarize(read_metrics(os.path.join(workdir, 'metrics.jsonl')), cfg.eval.pass_k,
