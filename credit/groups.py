@@ -37,6 +37,11 @@ def to_tokens(per_response, mask):
   return jnp.where(mask, per_response[..., None], 0.0).astype(jnp.float32)
 
 
+def last_tokens(mask):
+  """bool [..., L]: the last True position of each row of `mask` (a run from position 0)."""
+  return mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], axis=-1)
+
+
 def masked_whiten(x, mask, eps=1e-8):
   """(x − mean)/(std + eps) over all unmasked tokens of the batch; 0 on masked ones.
 

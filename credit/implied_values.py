@@ -8,7 +8,7 @@ log-ratios are implied advantages and their partial sums implied values.
 
 import jax.numpy as jnp
 
-from credit.groups import all_equal, group_stats
+from credit.groups import all_equal, group_stats, last_tokens
 from credit.outcome import grpo
 from credit.registry import register
 from credit.returns import gae_advantages, reverse_linear_scan
@@ -73,7 +73,7 @@ def vimpo(rollouts: Rollouts, *, beta: float = 0.05, lam: float = 1.0,
   # Values relative to μ (V − μ): V₀ − μ = −β·mean_j Σ x_j; the terminal value stays 0
   # and the last token's reward is R − μ, so every δ is unchanged.
   values = beta * (before - mean_total[..., None])
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], axis=-1)
+  last = last_tokens(mask)
   token_rewards = jnp.where(last, centred[..., None], 0.0)
   adv = gae_advantages(token_rewards, values, mask, 1.0, lam)
   return jnp.where(mask, adv / scale[..., None], 0.0).astype(jnp.float32)

@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from credit.groups import loo_centred, loo_mean
+from credit.groups import last_tokens, loo_centred, loo_mean
 from credit.registry import register
 from credit.returns import reverse_linear_scan
 from credit.rollouts import Rollouts
@@ -42,7 +42,7 @@ def pure(rollouts: Rollouts, temperature: float = 0.1, form: str = "min",
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
   if rollouts.token_rewards is None:  # the returns are R on every token: exactly RLOO
     return jnp.where(mask, loo_centred(rewards)[..., None], 0.0)
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], axis=-1)
+  last = last_tokens(mask)
   per_token = jnp.where(last, outcome_coef * rewards[..., None], 0.0)
   if step_ends is None:
     step_ends = rollouts.step_ends
@@ -62,7 +62,7 @@ def _pure_code(rollouts, temperature, form, outcome_coef, step_ends):
   """`pure(variant='code')`: the authors' released computation (see `pure`)."""
   mask = jnp.asarray(rollouts.mask, bool)
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], axis=-1)
+  last = last_tokens(mask)
   if step_ends is None:
     step_ends = rollouts.step_ends
   steps = mask if step_ends is None else (mask & jnp.asarray(step_ends, bool)) | last

@@ -8,7 +8,7 @@ Every recurrence y_t = x_t + a_t·y_{t+1} is an associative scan (O(log L) depth
 import jax
 import jax.numpy as jnp
 
-from credit.groups import masked_whiten
+from credit.groups import last_tokens, masked_whiten
 from credit.kl import kl_penalty
 from credit.registry import register
 from credit.rollouts import Rollouts
@@ -52,7 +52,7 @@ def outcome_token_rewards(rollouts: Rollouts):
   """Per-token rewards: `token_rewards` (0 if None) plus the outcome reward on the
   last unmasked token. float32 [..., G, L]."""
   mask = rollouts.mask
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], axis=-1)
+  last = last_tokens(mask)
   rewards = jnp.where(last, jnp.asarray(rollouts.rewards, jnp.float32)[..., None], 0.0)
   if rollouts.token_rewards is not None:
     rewards = rewards + jnp.where(mask, rollouts.token_rewards, 0.0)

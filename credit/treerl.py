@@ -37,11 +37,10 @@ def treerl(rollouts: Rollouts, sqrt_leaves: bool = False, variant: str = "paper"
   normalised = loo_centred(rewards)
   v_before, v_after = trees.prefix_values(tree, normalised)
   if variant == "code":
-    n_after = jnp.maximum(tree.count, 1).astype(jnp.float32)
-    n_before = jnp.concatenate([jnp.full(n_after.shape[:-2] + (n_after.shape[-2], 1),
-                                         n_after.shape[-2], jnp.float32),
-                                n_after[..., :-1]], axis=-1)  # n(s_t): the group at t = 0
-    v_before, v_after = v_before / jnp.sqrt(n_before), v_after / jnp.sqrt(n_after)
+    n_before = trees.to_tokens(tree, tree.node_count, before=True)  # n(s_t)
+    n_after = tree.count  # n(s_{t+1})
+    v_before = v_before / jnp.sqrt(jnp.maximum(n_before, 1).astype(jnp.float32))
+    v_after = v_after / jnp.sqrt(jnp.maximum(n_after, 1).astype(jnp.float32))
   diff = jnp.where(tree.branches, v_after - v_before, 0.0)
   if variant == "code":
     diff = _fill_in(diff, tree.branches & tree.mask, rounding_tolerance(rewards))

@@ -9,6 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from credit.groups import last_tokens
 from credit.turn_base import _EPS, _bucket_norm, _check_unit, _group_index, _grpo, _validated
 from credit.turns import (Turns, check_state_values, check_turn_shapes, discounted_returns,
                           episode_returns)
@@ -143,11 +144,16 @@ def igpo(turns: Turns, gamma: float = 1.0, answer_logprobs=None, scale_by_std: b
                bool(scale_by_std))
 
 
+def _igpo_rewards(rewards, mask, answer_logprobs):
+  """Turn k's raw reward: its environment reward plus the gain p_{k+1} − p_k of the gold
+  answer's probability (none on a trajectory's last turn)."""
+  p = jnp.exp(answer_logprobs)
+  return rewards + jnp.where(last_tokens(mask), 0.0, p[..., 1:] - p[..., :-1])
+
+
 @functools.partial(jax.jit, static_argnums=(5,))
 def _igpo(rewards, mask, answer_logprobs, gamma, eps, scale_by_std):
-  p = jnp.exp(answer_logprobs)
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
-  reward = rewards + jnp.where(last, 0.0, p[..., 1:] - p[..., :-1])
+  reward = _igpo_rewards(rewards, mask, answer_logprobs)
   groups, group = _group_index(mask.shape)
   norm = _bucket_norm(reward.reshape(-1), group.reshape(-1), mask.reshape(-1), groups,
                       scale_by_std, eps)
@@ -158,8 +164,6 @@ def _igpo(rewards, mask, answer_logprobs, gamma, eps, scale_by_std):
 def _igpo_code(rewards, mask, answer_logprobs, gamma):
   """igpo(variant='code'): raw rewards, returns-to-go, minus the group's per-turn-index
   mean of the returns (untaken turns count 0 in it); no std division."""
-  p = jnp.exp(answer_logprobs)
-  last = mask & ~jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], -1)
-  reward = jnp.where(mask, rewards + jnp.where(last, 0.0, p[..., 1:] - p[..., :-1]), 0.0)
+  reward = jnp.where(mask, _igpo_rewards(rewards, mask, answer_logprobs), 0.0)
   returns = jnp.where(mask, discounted_returns(reward, mask, gamma), 0.0)
   return jnp.where(mask, returns - jnp.mean(returns, axis=-2, keepdims=True), 0.0)

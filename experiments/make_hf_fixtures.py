@@ -192,13 +192,12 @@ def write_fixtures():
         break
     else:
       raise RuntimeError(f'{name}: every seed has a near-tie')
-    d5, d4 = OUT / name, OUT / f'{name}_v4'
+    d5 = OUT / name
     model.save_pretrained(str(d5))
     fast.save_pretrained(str(d5))
     config = json.loads((d5 / 'config.json').read_text())
     assert 'rope_parameters' in config and 'rope_theta' not in config, config
-    shutil.copytree(d5, d4)
-    (d4 / 'config.json').write_text(json.dumps(v4_config(config, old_type), indent=2) + '\n')
+    d4 = with_v4(d5, old_type)
     for d in (d5, d4):
       again = logits_of(load(d), ids)
       assert max_delta(again, ref) == 0.0, (d, max_delta(again, ref))
@@ -298,7 +297,8 @@ def _edit_safetensors(d, fn):
   save_file(fn(t), str(d / 'model.safetensors'), metadata={'format': 'pt'})
 
 
-def _with_v4(d, old_type=False):
+def with_v4(d, old_type=False):
+  """A copy of HF dir d as d_v4, its config.json in the 4.x layout (`v4_config`)."""
   d4 = d.parent / f'{d.name}_v4'
   if d4.exists():
     shutil.rmtree(d4)
@@ -335,7 +335,7 @@ def write_edge_cases():
         f'(scale {scale_of(ref):.1f})')
   gen, _ = greedy(model, ids[1], GREEDY_TOKENS)
   save_npz('llama_tied_head', ids, texts, ref, gen, 'transformers: stored head, untied')
-  d4 = _with_v4(d)
+  d4 = with_v4(d)
   assert max_delta(logits_of(load(d4), ids), ref) == 0.0
 
   # 2. model.safetensors beside a shard index whose shards hold other weights (halved):
@@ -354,7 +354,7 @@ def write_edge_cases():
   assert max_delta(ref, logits_of(load(OUT / 'qwen3'), ids)) == 0.0, 'read the shards'
   gen, _ = greedy(load(d), ids[1], GREEDY_TOKENS)
   save_npz('qwen3_index_and_single', ids, texts, ref, gen, 'transformers: model.safetensors')
-  _with_v4(d)
+  with_v4(d)
 
   # 3. layer_types marking a sliding layer while use_sliding_window is false: transformers'
   #    Qwen configs then set sliding_window to None (no window), but 5.25's forward fails
@@ -383,7 +383,7 @@ def write_edge_cases():
   gen, _ = greedy(load(OUT / 'qwen2'), ids[1], GREEDY_TOKENS)
   save_npz('qwen2_stale_layer_types', ids, texts, ref, gen,
             'transformers 5.25 fails in forward; full attention (sliding_window resolves to None)')
-  _with_v4(d)
+  with_v4(d)
 
 
 def main():
