@@ -7,6 +7,11 @@
 
 A record: the metric rows without timing fields, sha256 of the final params, sha256 of the
 saved loop state beside them (None if none) and the run's fingerprint (checkpoint meta).
+
+Float rounding of XLA's CPU programs depends on the CPU (measured: the same commit and jaxlib
+give other last bits on an AVX-512/AMX Xeon than where golden.json was recorded), so a
+machine whose records differ keeps its own: `--machine` records into
+machines/<machine_id()>.json, which `load` prefers on that machine.
 """
 
 import os
@@ -42,7 +47,8 @@ from configs import lm as lm_config  # noqa: E402
 from configs import tempo as tempo_config  # noqa: E402
 from experiments.training import loop  # noqa: E402
 
-GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'golden.json')
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN = os.path.join(HERE, 'golden.json')
 TRAIN_KEYS = ('params', 'opt_state', 'step', 'rng')  # the rest of a checkpoint: loop state
 
 
@@ -271,9 +277,49 @@ def diff(name: str, want: dict, got: dict) -> list[str]:
   return out
 
 
-def load() -> dict:
-  with open(GOLDEN) as f:
-    return json.load(f)
+def machine_id() -> str:
+  """What XLA's CPU rounding depends on: the CPU's model and instruction-set flags, and
+  jaxlib's version (a short hash)."""
+  import platform
+  model = flags = ''
+  if os.path.exists('/proc/cpuinfo'):
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        model = model or (value.strip() if key.strip() == 'model name' else '')
+        flags = flags or (' '.join(sorted(value.split())) if key.strip() == 'flags' else '')
+  blob = f'{platform.machine()}|{model}|{flags}|{jax.__version__}'
+  return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def machine_path() -> str:
+  return os.path.join(HERE, 'machines', machine_id() + '.json')
+
+
+def load() -> tuple[dict, bool]:
+  """(records, whether they were recorded on a machine like this one): this machine's own
+  (machines/<machine_id()>.json) if any, else golden.json (False, unless golden.json's
+  machine matches)."""
+  own = os.path.exists(machine_path())
+  with open(machine_path() if own else GOLDEN) as f:
+    records = json.load(f)
+  return records, own
+
+
+def close(name: str, want: dict, got: dict, rtol: float = 1e-3) -> list[str]:
+  """The rows of `got` that differ from `want` by more than float rounding of another CPU:
+  strings, ints, keys and row counts exactly, floats to `rtol` (hashes are not compared)."""
+  out = []
+  a, b = want.get('rows', []), got.get('rows', [])
+  if len(a) != len(b):
+    out.append(f'{name}.rows: {len(a)} rows -> {len(b)}')
+  for i, (ra, rb) in enumerate(zip(a, b)):
+    for k in sorted(set(ra) | set(rb)):
+      x, y = ra.get(k, '<absent>'), rb.get(k, '<absent>')
+      floats = isinstance(x, float) and isinstance(y, float)
+      if (not np.isclose(x, y, rtol=rtol, atol=rtol * 1e-2)) if floats else x != y:
+        out.append(f'{name}.rows[{i}].{k}: {x!r} -> {y!r}')
+  return out
 
 
 def main(argv=None) -> int:
@@ -281,7 +327,12 @@ def main(argv=None) -> int:
   p.add_argument('--only', default='', help='comma-separated case names (default: all)')
   p.add_argument('--check', action='store_true', help='compare with golden.json, record nothing')
   p.add_argument('--out', default=GOLDEN, help='where to write the records (default golden.json)')
+  p.add_argument('--machine', action='store_true',
+                 help="record into this machine's own file (machines/<machine_id()>.json)")
   args = p.parse_args(argv)
+  if args.machine:
+    os.makedirs(os.path.dirname(machine_path()), exist_ok=True)
+    args.out = machine_path()
   names = [n for n in args.only.split(',') if n] or list(CASES)
   unknown = [n for n in names if n not in CASES]
   if unknown:
@@ -299,13 +350,14 @@ def main(argv=None) -> int:
       if not args.check and name in got:  # kept as it goes (a killed run keeps its cases)
         save(args.out, got)
   if args.check:
-    want = load()
+    want, own = load()
+    source = machine_path() if own else GOLDEN
     for name in got:
       if name not in want:
-        failures.append(f'{name}: not in {GOLDEN}')
+        failures.append(f'{name}: not in {source}')
       else:
         failures += diff(name, want[name], got[name])
-    print('\n'.join(failures) or f'{len(names)} cases identical to {GOLDEN}')
+    print('\n'.join(failures) or f'{len(names)} cases identical to {source}')
     return 1 if failures else 0
   if failures:
     print('\n'.join(failures))
