@@ -28,6 +28,8 @@ from typing import Callable, Optional
 
 import jax.numpy as jnp
 
+from credit import vocabulary
+
 _REGISTRY: dict[str, Callable] = {}
 _NEEDS: dict[str, tuple[str, ...]] = {}
 _LOSS_MASKS: dict[str, Callable] = {}
@@ -54,6 +56,8 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
   """Registers an estimator under `name`; `defaults` pre-bind hyperparameters; `state`
   is `(init, update)` for an estimator that carries state across steps; `rows` says it
   honours `Rollouts.row_mask` (groups of varying size)."""
+
+  vocabulary.check(name, needs)  # a misspelt need fails here, not in a training run
 
   def decorator(fn):
     if name in _REGISTRY or name in ALIASES:

@@ -189,6 +189,12 @@ class AgentProblem:
   pretrained LM that reads and writes the environment's words as its own tokens
   (`lm_vocab_map`; the expert warm start and RL then fine-tune it).
   """
+  # It samples its own episodes, computes the Turns fields (`turns`, the provider of the
+  # 'turns' kind of `credit.NEEDS`) and keeps SLEA-RL's experience library.
+  capabilities = frozenset({'own_sampler', 'turns', 'experience'})
+  TURN_FIELDS = ('values_star', 'solver_steps', 'milestones', 'info_gains', 'attempts',
+                 'feedback_logprobs', 'expert_matches', 'answer_logprobs', 'tool_probes',
+                 'evidence_probes')
 
   def __init__(self, cfg):
     self.env = env = envs.get_env(cfg.task.name, **dict(cfg.task.kwargs))

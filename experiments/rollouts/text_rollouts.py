@@ -62,6 +62,7 @@ def loading_mesh(cfg):
 
 class TextProblem:
   """A text task on a pretrained model (see the module docstring)."""
+  capabilities = frozenset()  # none of the optional parts (experiments/training/problems.py)
 
   def __init__(self, cfg):
     lm = cfg.lm
