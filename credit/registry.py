@@ -99,6 +99,13 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
   return decorator
 
 
+def unregister(name: str) -> None:
+  """Removes estimator `name` (one registered by code outside this library, e.g. a test's)."""
+  for table in (_REGISTRY, _NEEDS, _LOSS_MASKS, _STATES):
+    table.pop(name, None)
+  _ROWS.discard(name)
+
+
 def get(name: str) -> Callable:
   """The estimator registered as `name`; raises ValueError listing the valid names."""
   try:

@@ -64,6 +64,8 @@ class Rollouts:
       padded to G (the 'knapsack' sampler; Knapsack RL, #59). Padded rows have an all-False
       `mask`. Only estimators registered with `rows=True` accept it (`credit.register`);
       None means every row.
+    extras: {need key: pytree} of inputs declared outside this library
+      (`credit.vocabulary.declare`) and computed by a pass of the caller's, or None.
   """
 
   tokens: jax.Array
@@ -89,6 +91,7 @@ class Rollouts:
   row_mask: Optional[jax.Array] = None
   parent: Optional[jax.Array] = None
   fork: Optional[jax.Array] = None
+  extras: Optional[dict] = None
 
   @property
   def group_size(self) -> int:

@@ -60,5 +60,11 @@ def check(name: str, needs) -> None:
                      f'(credit/vocabulary.py)')
 
 
-def kind(key: str) -> str:
-  return NEEDS[key].kind
+def declare(key: str, kind: str, doc: str) -> None:
+  """Adds need `key` for code outside this library: a 'rollouts' key arrives in
+  `Rollouts.extras[key]`, computed by a pass that `provides` it."""
+  if key in NEEDS:
+    raise ValueError(f'need {key!r} is already declared ({NEEDS[key].kind}: {NEEDS[key].doc})')
+  if kind not in KINDS:
+    raise ValueError(f'unknown kind of need {kind!r}; valid: {", ".join(KINDS)}')
+  NEEDS[key] = Need(kind, doc)

@@ -99,7 +99,7 @@ def test_slice_and_every_stage_compiled(compiled):
   assert (r.mesh.shape['fsdp'], r.mesh.shape['model']) == (r.shape.fsdp, r.shape.model)
   assert (r.cfg.num_layers, r.cfg.d_model, r.cfg.head_dim) == (2, 512, 128)  # config.json
   names = [s.name for s in r.stages]
-  for stage in ('prefill (_start)', 'decode (_decode)', 'node ids', 'pack (_pack_all)',
+  for stage in ('prefill (_start)', 'decode (_decode)', 'node ids', 'pack (pack_slots)',
                 'old log-probs', 'ref log-probs', 'credit', 'update'):
     assert stage in names, (name, names)
   if r.shape.sampler == 'tree_entropy':

@@ -11,7 +11,7 @@ import pytest
 import credit
 from credit import registry
 from credit.outcome import grpo
-from experiments.training import loop
+from experiments.training import loop, samplers
 from experiments.training import saliency as saliency_lib
 from tests.test_resume import Crash, init_params, strip, tiny_cfg
 
@@ -101,19 +101,19 @@ def test_stateful_estimator_resumes_exactly_and_state_matches_recomputation(tmp_
 
     return sample
 
-  monkeypatch.setattr(loop, "sample", failing_at(3, KeyboardInterrupt))
+  monkeypatch.setattr(samplers, "sample", failing_at(3, KeyboardInterrupt))
   with pytest.raises(KeyboardInterrupt):
     train(c, tmp_path / "b")
-  monkeypatch.setattr(loop, "sample", real_sample)
+  monkeypatch.setattr(samplers, "sample", real_sample)
   assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["2"]
   again = train(c, tmp_path / "b")
   assert strip(rows_of(tmp_path / "b")) == strip(want)
 
   # A crash (kill -9) during step 4: resumes from the checkpoint of step 3 (every step's).
-  monkeypatch.setattr(loop, "sample", failing_at(4, Crash))
+  monkeypatch.setattr(samplers, "sample", failing_at(4, Crash))
   with pytest.raises(Crash):
     train(cfg, tmp_path / "c")
-  monkeypatch.setattr(loop, "sample", real_sample)
+  monkeypatch.setattr(samplers, "sample", real_sample)
   resumed = train(cfg, tmp_path / "c")
   assert strip(rows_of(tmp_path / "c")) == strip(want)
   for out in (again, resumed):

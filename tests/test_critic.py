@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import jax
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 
 import credit
 from experiments.models import decoder
@@ -177,8 +178,8 @@ def test_quick_ppo_run_trains_and_checkpoints_its_critic(tmp_path):
   state = ts.init_state(init, ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay,
                                                 o.grad_clip, o.b1, o.b2))
   mngr = loop._manager(str(tmp_path / 'checkpoints'))
-  meta = mngr.restore(mngr.latest_step(), args=loop.ocp.args.Composite(
-      meta=loop.ocp.args.JsonRestore()))['meta']
+  meta = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(
+      meta=ocp.args.JsonRestore()))['meta']
   with warnings.catch_warnings():
     warnings.simplefilter('error', RuntimeWarning)  # a checkpoint set aside would warn
     _, meta2, aux = loop.restore_checkpoint(mngr, state, meta['fingerprint'],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import tempo as tempo_config
-from experiments.training import loop
+from experiments.training import loop, samplers
 from experiments.models import decoder
 from experiments import tempo as tempo_script
 
@@ -91,10 +91,10 @@ def test_resume_equals_uninterrupted_and_interrupt_saves(tmp_path, monkeypatch):
 
   c = cfg.copy_and_resolve_references()
   c.rl.ckpt_every = 100
-  monkeypatch.setattr(loop, 'sample', flaky_sample)
+  monkeypatch.setattr(samplers, 'sample', flaky_sample)
   with pytest.raises(KeyboardInterrupt):
     loop.train(c, str(tmp_path / 'c'), p0, method='tempo:tree_entropy')
-  monkeypatch.setattr(loop, 'sample', real_sample)
+  monkeypatch.setattr(samplers, 'sample', real_sample)
   assert os.listdir(tmp_path / 'c' / 'checkpoints') == ['2']
   again = loop.train(c, str(tmp_path / 'c'), p0, method='tempo:tree_entropy')
   for x, y in zip(jax.tree.leaves(straight['params']), jax.tree.leaves(again['params'])):

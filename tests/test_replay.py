@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 import credit
 from credit import replay as replay_credit
 from experiments.rollouts.sampling import Samples
-from experiments.training import loop, replay
+from experiments.training import loop, replay, samplers
 from groups import outcome_rollouts
 from tests.test_loop import quick_cfg, strip
 
@@ -161,7 +161,7 @@ def test_lag_one_is_on_policy_grpo_and_a_longer_lag_samples_the_old_policy(warm,
   assert ks[1]['loss'] == pytest.approx(iid[1]['loss'], rel=1e-4, abs=1e-6)
   # lag 3: steps 0-2 sample with the initial policy, step 3 with the policy after 3 updates.
   seen, real = [], loop.sample
-  monkeypatch.setattr(loop, 'sample', lambda params, *a, **k: (
+  monkeypatch.setattr(samplers, 'sample', lambda params, *a, **k: (
       seen.append(jax.tree.map(np.asarray, params)), real(params, *a, **k))[1])
   cfg.sampler.lag = 3
   out = run(cfg, tmp_path / 'lag3', p0, 'grpo:lagged')

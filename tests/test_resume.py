@@ -267,15 +267,14 @@ def test_full_disk_while_a_checkpoint_is_written(tmp_path, reference, monkeypatc
   assert checkpoint_names(tmp_path) == ['5', '6']  # the partial write removed on the rerun
 
 
-def interrupt_at(source_line: str, step: int):
-  """A trace function raising KeyboardInterrupt (Ctrl-C) just before `loop.train` runs the
-  line holding `source_line`, the `step`-th time it gets there (counting from 0)."""
+def interrupt_at(fn, source_line: str, step: int):
+  """A trace function raising KeyboardInterrupt (Ctrl-C) just before `fn` runs the line
+  holding `source_line`, the `step`-th time it gets there (counting from 0)."""
   import inspect
   import sys
-  from experiments.training import loop
-  lines, first = inspect.getsourcelines(loop.train)
+  lines, first = inspect.getsourcelines(fn)
   target = first + next(i for i, text in enumerate(lines) if source_line in text)
-  code, seen = loop.train.__code__, [0]
+  code, seen = fn.__code__, [0]
 
   def on_line(frame, event, arg):
     if event == 'line' and frame.f_lineno == target:
@@ -294,10 +293,10 @@ def test_interrupt_between_the_update_and_its_commit_resumes_exactly(tmp_path, r
   under step 3 (a resume would apply step 3's update twice): it keeps the last checkpoint
   (step 2, checkpoints every 2 steps here), and the rerun gives the uninterrupted rows."""
   import sys
-  from experiments.training import loop
+  from experiments.training import loop, rl_step
   cfg = tiny_cfg(STEPS)
   cfg.rl.ckpt_every = 2
-  sys.settrace(interrupt_at('next_expert = expert_opt', step=3))
+  sys.settrace(interrupt_at(rl_step.update, 'carry.aux, carry.step, carry.dirty = ', step=3))
   try:
     with pytest.raises(KeyboardInterrupt):
       loop.train(cfg, str(tmp_path), init_params(cfg), method=METHOD)

@@ -213,7 +213,9 @@ def _pack_one(prompt, plen, tokens, mask, node, *, pack_len: int):
 
 
 @functools.partial(jax.jit, static_argnames=('pack_len',))
-def _pack_all(prompts, plen, tokens, mask, node, *, pack_len):
+def pack_slots(prompts, plen, tokens, mask, node, *, pack_len):
+  """The packed rows' arrays (tokens, positions, path, source, logit_row, num_slots) of B
+  groups, one jitted program: `pack`'s device part (it adds the checks and the layout)."""
   return jax.vmap(functools.partial(_pack_one, pack_len=pack_len))(prompts, plen, tokens, mask,
                                                                    node)
 
@@ -342,8 +344,8 @@ def pack(prompts, tokens, mask, prompt_len=None, *, pack_len: int, mode: str = '
       raise ValueError(f'a group needs {need} packed slots (prompt {p} + its unique response '
                        f'tokens) but pack_len is {pack_len}; raise train.pack_len (or set it '
                        f'to 0 for automatic buckets), or use packing "none".')
-  toks, pos, path, source, logit_row, num_slots = _pack_all(prompts, plen, tokens, mask, node,
-                                                            pack_len=pack_len)
+  toks, pos, path, source, logit_row, num_slots = pack_slots(prompts, plen, tokens, mask, node,
+                                                             pack_len=pack_len)
   pk = Packing(tokens=toks, positions=pos, path=path, source=source, logit_row=logit_row,
                prompt_len=plen, num_slots=num_slots, num_prompt_slots=p,
                attention='paths' if attention == 'auto' else attention)

@@ -9,16 +9,16 @@
 the devices of a real TPU slice, every host's included; `jax.jit(...).lower(<abstract
 arrays with shardings over those devices>).compile()` then runs the TPU compiler from
 this one process and yields per-chip memory (`memory_analysis`). The pieces of the RL
-step are compiled as `experiments.training.loop.train` runs them, with its functions
-and shardings:
+step are compiled as `experiments.training.rl_step` runs them, with the same public functions
+(`experiments.training.forward`, `train_step`) and shardings:
 
   sample   the sampler's jitted stages (`experiments.rollouts.sampling`): uniforms,
            prefill (`_start`), the decode loop over the KV cache (`_decode`), and for
            tree samplers the fork policy, `_fork` and the children's decode
-  pack     `loop._node_ids` and `trees.packing._pack_all` (packed updates only)
-  old_lp   `loop.rows_logprobs` with the policy (teacher-forced), flat or packed
+  pack     `forward.node_ids` and `trees.packing.pack_slots` (packed updates only)
+  old_lp   `forward.rows_logprobs` with the policy (teacher-forced), flat or packed
   ref_lp   the same with the reference params
-  credit   `loop.credit_fn` (the estimator, tree building included)
+  credit   `forward.credit_fn` (the estimator, tree building included)
   update   `train_step.train_step_jit` on the batch, packed or flat rows
 
 Each stage gets abstract inputs whose shardings are those the loop's arrays have: the
@@ -724,8 +724,7 @@ def compile_rl_step(cfg, shape: RLShape, topo: Topology, verbose: bool = False) 
   model size the heads, MLP or vocabulary cannot split).
   """
   from experiments.models import decoder
-  from experiments.training import loop, train_step as ts
-  from trees import packing as packing_lib
+  from experiments.training import forward, train_step as ts
   if shape.prompt_len + shape.response_len > cfg.max_len:
     raise ValueError(f'prompt_len + response_len = {shape.prompt_len + shape.response_len} > '
                      f'cfg.max_len = {cfg.max_len}')
@@ -743,58 +742,33 @@ def compile_rl_step(cfg, shape: RLShape, topo: Topology, verbose: bool = False) 
     resident['ref_params'] = ref
   scaling = ('params', 'opt_state') + (('ref_params',) if shape.ref_sharding == 'policy' else ())
   c = Compiler(resident, scaling, verbose=verbose)
-  b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
+  b, p = shape.num_prompts, shape.prompt_len
   prompts = jax.ShapeDtypeStruct((b, p), jnp.int32, sharding=rows_sharding(mesh, b))
   plen = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=rows_sharding(mesh, b))
   with jax.set_mesh(mesh):  # as the loop samples (sampling.place_rows)
     samples = compile_sampler(c, params, cfg, shape, mesh, prompts, plen)
 
-  split = shape.minibatches * shape.micro_batches
-  packed = shape.packing != 'none' and loop.packs_evenly(b, split, ts.row_shards(mesh))
-  pack_len = shape.full_pack_len
-  variants = [None]
-  if packed:
-    node = c('node ids', 'pack', loop._node_ids, (samples.tokens, samples.mask),
-             dict(mode=shape.packing))
-    fields = c('pack (_pack_all)', 'pack', packing_lib._pack_all,
-               (prompts, plen, samples.tokens, samples.mask, node), dict(pack_len=pack_len))
-    toks, pos, path, source, logit_row, num_slots = fields  # as `packing.pack` assembles them
-    attention, block, num_pairs = packed_layout(shape, pack_len)
-    pk = packing_lib.Packing(tokens=toks, positions=pos, path=path, source=source,
-                             logit_row=logit_row, prompt_len=plen, num_slots=num_slots,
-                             num_prompt_slots=p, attention=attention, block=block,
-                             num_pairs=num_pairs)
-    variants = [pk, None] if shape.compile_flat else [pk]
+  packed, pack_len, variants = _compile_pack(c, shape, mesh, prompts, plen, samples)
   lp_out = None
   for pk in variants:
     tag = '' if pk is not None or not packed else ' (flat)'
     piece = 'logprobs' if not tag else 'logprobs_flat'
     args = (samples.tokens, samples.mask, plen, pk)
     lp_kw = dict(cfg=cfg, chunks=shape.minibatches * shape.micro_batches)
-    old = (c('old log-probs' + tag, piece, loop.rows_logprobs, (params, prompts) + args,
+    old = (c('old log-probs' + tag, piece, forward.rows_logprobs, (params, prompts) + args,
              lp_kw, takes=('params',)) if shape.recompute_logprobs else samples.logprobs)
-    ref_lp = (c('ref log-probs' + tag, piece, loop.rows_logprobs, (ref, prompts) + args,
+    ref_lp = (c('ref log-probs' + tag, piece, forward.rows_logprobs, (ref, prompts) + args,
                 lp_kw, takes=('ref_params',)) if need_ref else None)
     lp_out = (old, ref_lp) if lp_out is None else lp_out
   old, ref_lp = lp_out
   rewards = jax.ShapeDtypeStruct(samples.parent.shape, jnp.float32,
                                  sharding=samples.parent.sharding)
-  est = loop.credit_fn(shape.credit, '{}', shape.sampler != 'iid')
+  est = forward.credit_fn(shape.credit, '{}', shape.sampler != 'iid')
   adv, loss_mask = c('credit', 'credit', est,
                      (samples.tokens, samples.mask, rewards, samples.parent, samples.fork,
                       old, ref_lp), {})
-  loss_cfg = ts.LossConfig(num_epochs=shape.epochs, num_minibatches=shape.minibatches,
-                           num_microbatches=shape.micro_batches,
-                           kl_coef=0.01 if need_ref else 0.0)
-  for pk in variants:
-    batch = jax.eval_shape(ts.batch_from_samples, prompts, samples.tokens, loss_mask, adv,
-                           old, ref_lp, plen, pk)
-    units = b if pk is not None else b * g
-    batch = jax.tree.map(lambda x: sds(x, rows_sharding(mesh, units)), batch)
-    name = 'update' if pk is not None or not packed else 'update (flat)'
-    c(name, 'update' if name == 'update' else 'update_flat', ts.train_step_jit, (state, batch),
-      dict(cfg=cfg, loss_cfg=loss_cfg), takes=('params', 'opt_state'))
-
+  _compile_update(c, cfg, shape, mesh, state, variants, packed, prompts, plen, samples,
+                  loss_mask, adv, old, ref_lp)
   flops = stage_flops(cfg, shape, pack_len)
   if packed:
     flops['logprobs_flat'] = stage_flops(cfg, dataclasses.replace(shape, packing='none'))[
@@ -809,6 +783,50 @@ def compile_rl_step(cfg, shape: RLShape, topo: Topology, verbose: bool = False) 
                 param_fraction=chip_bytes(params) / full_param_bytes,
                 param_specs=jax.tree.map(lambda x: x.sharding.spec, params),
                 pack_len=pack_len, packed=packed)
+
+
+def _compile_pack(c, shape: RLShape, mesh, prompts, plen, samples):
+  """(packed, pack_len, the update's layouts: [Packing] / [Packing, None] / [None]): the
+  packing stages (`forward.node_ids`, `trees.packing.pack_slots`) when packing applies, as
+  `forward.packing_applies` decides it for the loop."""
+  from experiments.training import forward, train_step as ts
+  from trees import packing as packing_lib
+  b, p = shape.num_prompts, shape.prompt_len
+  split = shape.minibatches * shape.micro_batches
+  packed = shape.packing != 'none' and forward.packs_evenly(b, split, ts.row_shards(mesh))
+  pack_len = shape.full_pack_len
+  if not packed:
+    return packed, pack_len, [None]
+  node = c('node ids', 'pack', forward.node_ids, (samples.tokens, samples.mask),
+           dict(mode=shape.packing))
+  fields = c('pack (pack_slots)', 'pack', packing_lib.pack_slots,
+             (prompts, plen, samples.tokens, samples.mask, node), dict(pack_len=pack_len))
+  toks, pos, path, source, logit_row, num_slots = fields  # as `packing.pack` assembles them
+  attention, block, num_pairs = packed_layout(shape, pack_len)
+  pk = packing_lib.Packing(tokens=toks, positions=pos, path=path, source=source,
+                           logit_row=logit_row, prompt_len=plen, num_slots=num_slots,
+                           num_prompt_slots=p, attention=attention, block=block,
+                           num_pairs=num_pairs)
+  return packed, pack_len, [pk, None] if shape.compile_flat else [pk]
+
+
+def _compile_update(c, cfg, shape: RLShape, mesh, state, variants, packed, prompts, plen,
+                    samples, loss_mask, adv, old, ref_lp):
+  """The update stage (`train_step.train_step_jit` on `train_step.batch_from_samples`'s
+  batch), packed and / or flat rows."""
+  from experiments.training import train_step as ts
+  b, g = shape.num_prompts, shape.group_size
+  loss_cfg = ts.LossConfig(num_epochs=shape.epochs, num_minibatches=shape.minibatches,
+                           num_microbatches=shape.micro_batches,
+                           kl_coef=0.01 if shape.ref else 0.0)
+  for pk in variants:
+    batch = jax.eval_shape(ts.batch_from_samples, prompts, samples.tokens, loss_mask, adv,
+                           old, ref_lp, plen, pk)
+    units = b if pk is not None else b * g
+    batch = jax.tree.map(lambda x: sds(x, rows_sharding(mesh, units)), batch)
+    name = 'update' if pk is not None or not packed else 'update (flat)'
+    c(name, 'update' if name == 'update' else 'update_flat', ts.train_step_jit, (state, batch),
+      dict(cfg=cfg, loss_cfg=loss_cfg), takes=('params', 'opt_state'))
 
 
 # ----------------------------------------------------------------------------
@@ -1003,6 +1021,14 @@ def format_report(result: Result) -> str:
         if tf['dense_saving'] > 0 else
         f'  one teacher-forced forward: flat {kept(tf["flat"]):.3g} FLOP, packed '
         f'{kept(tf["packed"]):.3g} (no dense saving at this pack_len)')
+  return '\n'.join(lines + _step_lines(r))
+
+
+def _step_lines(r: Result) -> list:
+  """format_report's last lines: the step's peak, FLOPs and roofline, and if it does not fit,
+  what does not (its largest arguments and buffers) and a mesh that would."""
+  hbm = r.topo.device_hbm
+  lines = []
   s = step_summary(r)
   lines.append(
       f'RL step: peak {s["peak"].total / GIB:.3f} GiB per device in {s["peak"].name!r} '
@@ -1029,4 +1055,4 @@ def format_report(result: Result) -> str:
     for name, shape, b in known_arrays(r, p.piece):
       lines.append(f'  {name} per device: {list(shape)}: {b / GIB:.3f} GiB')
     lines.append(f'  suggestion: {suggest_mesh(r)}')
-  return '\n'.join(lines)
+  return lines

@@ -33,7 +33,8 @@ import credit
 from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as tempo_config
-from experiments.training import loop, plots, stats
+from experiments.training import loop, passes, plots, problems, stats
+from experiments.training.config_checks import problem_kind
 from experiments.training import train_step as ts
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -156,6 +157,9 @@ def check_comparison(cfg):
                      'tests); list every seed once')
   for name, _, _, own in parsed:  # the shared dict, with the method's own keys over it
     credit.check_hparams(name, {**dict(cfg.credit.hparams), **dict(own)})
+  kind, caps = problem_kind(cfg), problems.capabilities(cfg)
+  for method in parsed:  # each method's passes' checks, before the warm start
+    passes.check(loop.with_method(cfg, loop.method_name(*method)), kind, caps)
   grid = [float(lr) for lr in (cfg.get('lr_grid', ()) or ())]
   if len({f'{lr:g}' for lr in grid}) != len(grid):
     raise ValueError(f'lr_grid {tuple(grid)} has repeated values (as lr<lr:g> directories)')
@@ -189,6 +193,36 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
   run_cfg = _run_cfg(cfg)
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
+  params0, sft_info = _start(cfg, run_cfg, workdir)
+  cells = _train_cells(cfg, run_cfg, methods, grid, params0, workdir)
+  lr_summary, best = _best_lr(cells, methods, grid)
+  results = {m: cells[m, best[m]][0] for m in methods}
+  rows = {m: cells[m, best[m]][1] for m in methods}
+  matched = _matched_tokens(cfg, results, rows)
+  label = lambda m: m if best[m] is None else f'{m} lr={best[m]:g}'
+  writer = jax.process_index() == 0  # multi-host: every process computes, one writes
+  paths = plots.plot_runs({label(m): rows[m] for m in methods}, workdir, title=(
+      f'{cfg.task.name} {dict(cfg.task.kwargs)}: {cfg.rl.steps} steps x '
+      f'{cfg.rl.prompts_per_step} prompts, seeds {tuple(cfg.seeds)}'
+      f'{", best lr of " + str(tuple(grid)) if grid else ""}')) if writer else []
+  summary = dict(sft=sft_info, methods=results, total_wall_s=time.time() - t0, plots=paths,
+                 task=cfg.task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
+                                                   results[m][0]['group_size'] for m in results},
+                 matched_tokens=matched, lr_grid=lr_summary,
+                 paired=dict(baseline=baseline, level=0.95, printed='t', intervals=(
+                     't: mean ± t_{n-1,0.975} sd/sqrt(n); bootstrap: 2.5/97.5 % percentiles of '
+                     '10,000 resampled mean differences (seed 0); n = 1: nan ends'),
+                     by_method=paired_stats(results, baseline)))
+  if writer:
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump(summary, f, indent=1)
+  print(format_table(summary, cfg.eval.pass_k))
+  return summary
+
+
+def _start(cfg, run_cfg, workdir: str):
+  """(params, info) of the starting point: the pretrained model (text tasks) or the SFT
+  warm start, cached in <workdir>/sft."""
   if loop.is_text(cfg):  # a pretrained (instruct) model is the starting point
     params0, sft_info = loop.pretrained_start(run_cfg)
   else:
@@ -196,7 +230,12 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
   print(f'{"Start" if loop.is_text(cfg) else "SFT warm start"}: greedy acc {sft_info["greedy_acc"]:.3f}, '
         f'pass@{cfg.eval.pass_k} {sft_info[f"pass@{cfg.eval.pass_k}"]:.3f} '
         f'({sft_info["wall_s"]:.1f} s)', flush=True)
-  cells = {}  # (method, lr or None) -> ([run summaries], [metric rows])
+  return params0, sft_info
+
+
+def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str) -> dict:
+  """{(method, lr or None): ([run summaries], [metric rows])}: every method x lr x seed."""
+  cells = {}
   for method in methods:
     g = loop.group_size(loop.with_method(cfg, method).sampler)
     for lr in grid or [None]:
@@ -217,31 +256,34 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
         rws.append(rows)
         print(f'  {method:>20s}{f" lr {lr:g}" if lr is not None else ""} seed {seed}: final acc '
               f'{s["final_acc"]:.3f} (peak {s["peak_acc"]:.3f}), {s["wall_s"]:.1f} s', flush=True)
-  lr_summary, best = None, {m: None for m in methods}
-  if grid:
-    score = lambda m, lr: np.nan_to_num(np.mean([r['final_acc'] for r in cells[m, lr][0]]),
-                                        nan=-np.inf)
-    best = {m: max(grid, key=lambda lr: score(m, lr)) for m in methods}  # ties: first in grid
-    lr_summary = dict(grid=grid, selected_by='mean final greedy_acc over seeds', best=best, runs={
-        m: {f'{lr:g}': dict(final_acc_mean=float(np.mean(a := [r['final_acc'] for r in cells[m, lr][0]])),
-                            final_acc_std=float(np.std(a)), final_acc=a)
-            for lr in grid} for m in methods})
-  results = {m: cells[m, best[m]][0] for m in methods}
-  rows = {m: cells[m, best[m]][1] for m in methods}
+  return cells
+
+
+def _best_lr(cells, methods, grid):
+  """(the lr grid's summary or None, {method: its best lr or None}): best by mean final
+  accuracy over seeds, ties to the first in the grid."""
+  if not grid:
+    return None, {m: None for m in methods}
+  score = lambda m, lr: np.nan_to_num(np.mean([r['final_acc'] for r in cells[m, lr][0]]),
+                                      nan=-np.inf)
+  best = {m: max(grid, key=lambda lr: score(m, lr)) for m in methods}
+  return dict(grid=grid, selected_by='mean final greedy_acc over seeds', best=best, runs={
+      m: {f'{lr:g}': dict(final_acc_mean=float(np.mean(a := [r['final_acc'] for r in cells[m, lr][0]])),
+                          final_acc_std=float(np.std(a)), final_acc=a)
+          for lr in grid} for m in methods}), best
+
+
+def _matched_tokens(cfg, results, rows) -> dict:
+  """Each run's accuracy at the matched generated-token budget (and, multi-turn, at matched
+  environment steps), set in its summary; returns their means over seeds."""
   budget = matched_budget(rows)
   agent = loop.is_agent(cfg)  # multi-turn: also at matched environment steps
   steps_budget = matched_budget(rows, 'env_steps_total') if agent else None
-  for m in methods:
+  for m in results:
     for s, rws in zip(results[m], rows[m]):
       s['acc_at_budget'] = acc_at(rws, budget)
       if agent:
         s['acc_at_env_steps'] = acc_at(rws, steps_budget, 'env_steps_total')
-  label = lambda m: m if best[m] is None else f'{m} lr={best[m]:g}'
-  writer = jax.process_index() == 0  # multi-host: every process computes, one writes
-  paths = plots.plot_runs({label(m): rows[m] for m in methods}, workdir, title=(
-      f'{cfg.task.name} {dict(cfg.task.kwargs)}: {cfg.rl.steps} steps x '
-      f'{cfg.rl.prompts_per_step} prompts, seeds {tuple(cfg.seeds)}'
-      f'{", best lr of " + str(tuple(grid)) if grid else ""}')) if writer else []
   matched = dict(
       budget_generated_tokens=budget,
       definition='greedy_acc interpolated linearly in cumulative generated tokens (forks\' '
@@ -250,19 +292,7 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
   if agent:
     matched['budget_env_steps'] = steps_budget
     matched['acc_at_env_steps'] = _over_seeds(results, 'acc_at_env_steps')
-  summary = dict(sft=sft_info, methods=results, total_wall_s=time.time() - t0, plots=paths,
-                 task=cfg.task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
-                                                   results[m][0]['group_size'] for m in results},
-                 matched_tokens=matched, lr_grid=lr_summary,
-                 paired=dict(baseline=baseline, level=0.95, printed='t', intervals=(
-                     't: mean ± t_{n-1,0.975} sd/sqrt(n); bootstrap: 2.5/97.5 % percentiles of '
-                     '10,000 resampled mean differences (seed 0); n = 1: nan ends'),
-                     by_method=paired_stats(results, baseline)))
-  if writer:
-    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump(summary, f, indent=1)
-  print(format_table(summary, cfg.eval.pass_k))
-  return summary
+  return matched
 
 
 def _ci(st) -> str:

@@ -40,8 +40,10 @@ def check_config(cfg, reference=None, prefix=''):
   """Raises ValueError for a field missing from the reference config, listing valid fields.
 
   Also checks the task (its options included: reasoning-gym's are validated here), sampler,
-  credit estimator and loss settings by name, and numeric / choice fields by
-  `config_rules.RULES` (e.g. optimizer.lr > 0, lm.max_new_tokens >= 1), before any work.
+  credit estimator and loss settings by name, numeric / choice fields by
+  `config_rules.RULES` (e.g. optimizer.lr > 0, lm.max_new_tokens >= 1), whether the
+  samplers fit the problem (`samplers.check`) and the checks of the passes cfg selects
+  (`passes.check`), before any work.
   """
   if reference is None:
     reference = reference_config(cfg)
@@ -74,6 +76,8 @@ def check_config(cfg, reference=None, prefix=''):
   kind, caps = problem_kind(cfg), problems.capabilities(cfg, jax_task)
   for name, sampler, *_ in parse_methods(cfg.methods) + [(cfg.credit.name, cfg.sampler.name)]:
     samplers.check(cfg, name, sampler, kind, caps, jax_task)
+  from experiments.training import passes  # each optional part's own checks
+  passes.check(cfg, kind, caps)
   loss_config(cfg)
   if cfg.train.packing not in PACKING:
     raise ValueError(f'unknown train.packing {cfg.train.packing!r}; valid: {", ".join(PACKING)}')

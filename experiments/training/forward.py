@@ -155,7 +155,7 @@ def pack_groups(tcfg, prompts, samples, prompt_len=None, min_len: int = 0):
   the last length, so a run compiles a new shape only when its trees grow).
   """
   tokens, mask = samples.tokens, samples.mask
-  node = _node_ids(tokens, mask, mode=tcfg.packing)
+  node = node_ids(tokens, mask, mode=tcfg.packing)
   need = prompts.shape[1] + int(ts.host_value(_num_unique(node)).max())
   g, l = tokens.shape[1:]
   pack_len = tcfg.pack_len or max(min_len, packing_lib.bucket_len(need, prompts.shape[1], g, l))
@@ -163,7 +163,7 @@ def pack_groups(tcfg, prompts, samples, prompt_len=None, min_len: int = 0):
                           mode=tcfg.packing, node=node, attention=tcfg.pack_attention)
 
 
-_node_ids = jax.jit(packing_lib.node_ids, static_argnames=('mode',))
+node_ids = jax.jit(packing_lib.node_ids, static_argnames=('mode',))
 
 
 _num_unique = jax.jit(lambda node: packing_lib.num_unique(node, 1 + node.shape[1] * node.shape[2]))
@@ -176,7 +176,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
   prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None,
-  step_probes=None, hindsight_logprobs=None, row_mask=None) -> (advantages, loss mask);
+  step_probes=None, hindsight_logprobs=None, row_mask=None, extras=None) -> (advantages,
+  loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
   `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
@@ -188,7 +189,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
          prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None,
-         values=None, step_probes=None, hindsight_logprobs=None, row_mask=None):
+         values=None, step_probes=None, hindsight_logprobs=None, row_mask=None, extras=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
@@ -198,7 +199,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
                                saliency=saliency, credit_state=credit_state, values=values,
                                step_probes=step_probes,
                                hindsight_logprobs=hindsight_logprobs, row_mask=row_mask,
-                               parent=parent if tree else None, fork=fork if tree else None)
+                               parent=parent if tree else None, fork=fork if tree else None,
+                               extras=extras)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:

@@ -1,0 +1,27 @@
+"""SLEA-RL's step-level experience library (envs/experience.py), read at every turn of
+sampling and evaluation and learned from after each step; loop state: the library."""
+
+from experiments.training.passes.base import Pass
+
+
+class Experience(Pass):
+  state_key = 'library'
+
+  @classmethod
+  def applies(cls, cfg, needs):
+    return cfg.sampler.name == 'experience'
+
+  def init_state(self, run, state):
+    return run.problem.empty_library()
+
+  def before_sample(self, run, carry, s):
+    s.problem_kw['library'] = carry.aux['library']
+
+  def update(self, run, carry, s):
+    return run.problem.learn(carry.aux['library'], s.samples, self.cfg.sampler)
+
+  def eval_kwargs(self, carry):
+    return dict(library=carry.aux['library'])
+
+  def result(self, carry):
+    return dict(library=carry.aux['library'])  # beside the params
