@@ -346,6 +346,22 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path,
 
 
 @ORBAX_NOISE
+def test_finished_run_with_a_truncated_newest_checkpoint_says_so_on_rerun(tmp_path, reference):
+  """A file orbax reads without an error (the sharding metadata) cut short on disk: the rerun
+  of the finished run names the checkpoint and the file, sets it aside and recomputes the
+  last step from the one before (same rows, same params)."""
+  out = run(tmp_path)
+  ckpts = os.path.join(str(tmp_path), 'checkpoints')
+  path = os.path.join(ckpts, str(STEPS), 'state', '_sharding')
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) // 2)
+  with pytest.warns(RuntimeWarning, match=f'corrupt checkpoint {ckpts}/{STEPS} .*state/_sharding '
+                    f'is .* bytes.*set aside.*resuming from step {STEPS - 1}'):
+    out = run(tmp_path)
+  assert_like_reference(tmp_path, out, reference)
+
+
+@ORBAX_NOISE
 def test_corrupt_sft_cache_is_set_aside_and_recomputed(tmp_path):
   from experiments.training import loop
   cfg = tiny_cfg(STEPS)

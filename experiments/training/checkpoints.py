@@ -2,6 +2,7 @@
 config fingerprint, corrupt checkpoints set aside."""
 
 import errno
+import json
 import os
 import warnings
 
@@ -49,6 +50,8 @@ def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, aux=None)
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                             meta=ocp.args.JsonSave(meta)), force=True)
     mngr.wait_until_finished()
+    if jax.process_index() == 0:
+      _record_sizes(os.path.join(str(mngr.directory), str(step)))
   except Exception as e:  # noqa: BLE001 (re-raised with the checkpoint named)
     path = os.path.join(str(mngr.directory), str(step))
     # The partial write stays in orbax's temporary directory (never listed as a step); the
@@ -69,6 +72,39 @@ def save_checkpoint(mngr, step: int, state: ts.TrainState, meta: dict, aux=None)
     raise RuntimeError(message) from e
 
 
+SIZES = 'sizes.treecredit.json'  # beside orbax's items in each step directory
+
+
+def _record_sizes(step_dir: str) -> None:
+  """Writes the size of every file of a finished checkpoint (`SIZES`), so a later restore can
+  tell a file cut short on disk (which orbax may read without an error) for the cost of a
+  stat per file."""
+  sizes = {}
+  for root, _, files in os.walk(step_dir):
+    for f in files:
+      path = os.path.join(root, f)
+      sizes[os.path.relpath(path, step_dir)] = os.path.getsize(path)
+  tmp = os.path.join(step_dir, SIZES + '.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(sizes, f)
+  os.replace(tmp, os.path.join(step_dir, SIZES))
+
+
+def _check_sizes(step_dir: str) -> None:
+  """Raises ValueError naming the first file of the checkpoint whose size is not the one
+  written (checkpoints without `SIZES`, written before it, are not checked)."""
+  path = os.path.join(step_dir, SIZES)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    sizes = json.load(f)
+  for rel, size in sorted(sizes.items()):
+    full = os.path.join(step_dir, rel)
+    if os.path.exists(full) and os.path.getsize(full) != size:  # another host's: not here
+      raise ValueError(f'{rel} is {os.path.getsize(full)} bytes, {size} when it was written '
+                       f'(cut short or overwritten on disk)')
+
+
 def _set_aside(mngr, step: int) -> str:
   """Renames the checkpoint directory of `step` to `<step>.corrupt` (`.corrupt.<n>` if taken),
   which orbax does not list; nothing is deleted. Returns the new path."""
@@ -86,7 +122,8 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict, a
   `save_checkpoint` takes them: shapes and dtypes) it returns (state, meta, aux), each entry
   from the checkpoint or, if there is none, the template itself (None stays None).
 
-  A checkpoint that cannot be read (truncated or garbled files, a missing item) is set aside
+  A checkpoint that cannot be read (truncated or garbled files, a missing item, a file whose
+  size is not the one recorded when it was written: `_check_sizes`) is set aside
   as `<step>.corrupt` with a warning naming it, and the one before it is tried: the run
   resumes exactly from the newest intact step (metric rows after it are recomputed), or
   starts over if none is intact (a run is a function of (config, step)).
@@ -95,6 +132,7 @@ def restore_checkpoint(mngr, template: ts.TrainState, fp: str, flat_cfg: dict, a
   state = meta = None
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
+      _check_sizes(os.path.join(str(mngr.directory), str(step)))
       meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
       if not isinstance(meta, dict):
         raise ValueError(f'its meta item is {type(meta).__name__}, not a JSON object')
