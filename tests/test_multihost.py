@@ -263,6 +263,28 @@ def test_watchdog_normal_end_stops_its_thread_before_jax_shuts_down():
   assert client.kv[wd.key('alive', 1)] == beats  # no call after the end
 
 
+def test_watchdog_collective_error_of_a_lost_peer_gives_the_one_line_alone():
+  """A collective's Gloo error in the main thread (the peer was killed mid all-reduce) waits
+  for the watchdog's verdict: its one line comes alone, without the traceback before it.
+  Any other error prints its traceback at once."""
+  import io
+  from experiments.training import watchdog
+  JaxRuntimeError = type('JaxRuntimeError', (RuntimeError,), {})
+  client, exits, stream, printed = FakeClient(), [], io.StringIO(), []
+  wd = watchdog.Watchdog(client, 1, 2, timeout=0.3, interval=0.02, exit_fn=exits.append,
+                         stream=stream)
+  hook = wd.excepthook(lambda *a: printed.append(a[1]))
+  hook(ValueError, ValueError('a bug of this process'), None)
+  assert [str(e) for e in printed] == ['a bug of this process'] and exits == []
+  wd.start()  # peer 0 never beats: lost after 0.3 s
+  err = JaxRuntimeError('INTERNAL: Gloo all-reduce failed: Connection closed by peer')
+  t0 = time.time()
+  hook(JaxRuntimeError, err, None)
+  assert len(printed) == 1 and exits == [watchdog.EXIT_PEER_LOST], (printed, exits)
+  assert stream.getvalue().startswith('treecredit: process 0 of 2') and time.time() - t0 < 5
+  wd.halt()
+
+
 @pytest.mark.slow  # ~3 minutes on 2 CPU cores (3 training jobs; compile dominates)
 def test_killed_process_stops_the_other_and_resume_is_exact(tmp_path):
   """SIGKILL process 1 of a job started by hand after its step-2 checkpoint: process 0

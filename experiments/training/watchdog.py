@@ -39,6 +39,9 @@ EXIT_PEER_LOST = 75  # EX_TEMPFAIL: rerun (all processes) to resume
 DEFAULT_TIMEOUT = 20.0
 PREFIX = 'treecredit/watchdog'
 
+# Runtime errors of a collective whose peer is gone (Gloo's on CPU, a closed connection).
+_PEER_ERROR = re.compile(r'^(JaxRuntimeError|XlaRuntimeError): .*(gloo|Gloo|[Cc]onnection|'
+                         r'[Ss]ocket|UNAVAILABLE|[Pp]eer)', re.S)
 _checkpoints: dict = {'dir': None}
 _watchdog: Optional['Watchdog'] = None
 
@@ -235,6 +238,25 @@ class Watchdog(threading.Thread):
     self.failed = _one_line(''.join(traceback.format_exception_only(exc_type, exc)), 200)
     self.status = 130 if issubclass(exc_type, KeyboardInterrupt) else 1
 
+  def excepthook(self, previous: Callable) -> Callable:
+    """sys.excepthook: records the error; a collective's runtime error that a lost peer may
+    explain (`_PEER_ERROR`: Gloo's, a closed connection) waits up to `timeout` for this
+    watchdog's verdict, so that its one line comes alone instead of after the traceback;
+    any other error, or no lost peer, prints the traceback as usual."""
+    def hook(exc_type, exc, tb):
+      self.on_exception(exc_type, exc, tb)
+      if _PEER_ERROR.search(f'{exc_type.__name__}: {exc}') and self.await_verdict():
+        return  # the watchdog said it in one line and ends the process
+      previous(exc_type, exc, tb)
+    return hook
+
+  def await_verdict(self) -> bool:
+    """Waits up to timeout + 2 intervals for the thread to stop the job; True if it did."""
+    deadline = time.time() + self.timeout + 2 * self.interval
+    while not self._ended and time.time() < deadline and self.is_alive():
+      time.sleep(min(self.interval, 0.05))
+    return self._ended
+
   def on_exit(self):
     """atexit, before JAX's shutdown: a normal end says so; after an uncaught exception
     the error is published, and the process exits once its peers have seen it (instead
@@ -290,13 +312,7 @@ def install(timeout: Optional[float] = None, interval: float = 1.0) -> Optional[
     return _watchdog
   wd = Watchdog(client, jax.process_index(), jax.process_count(), timeout, interval)
   wd.beat()
-  previous_hook = sys.excepthook
-
-  def hook(exc_type, exc, tb):
-    wd.on_exception(exc_type, exc, tb)
-    previous_hook(exc_type, exc, tb)
-
-  sys.excepthook = hook
+  sys.excepthook = wd.excepthook(sys.excepthook)
   atexit.register(wd.on_exit)  # runs before JAX's shutdown (registered at import, earlier)
   wd.start()
   _watchdog = wd
