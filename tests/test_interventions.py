@@ -98,6 +98,7 @@ def test_the_phase_runs_before_rl_and_counts_its_tokens(tmp_path):  # path below
                progress=False)
 
 
+@pytest.mark.slow  # ~28 s; this path exactly: test_golden's distil_iid; its loop state's resume: test_extension
 def test_distil_imitates_after_each_update_and_resumes_exactly(tmp_path):
   from experiments.training import loop
   from tests.test_loop import init_params, quick_cfg, strip

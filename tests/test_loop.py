@@ -63,6 +63,7 @@ def test_quick_experiment_writes_metrics_plots_checkpoints(tmp_path):
   assert 'tempo:tree_entropy' in table
 
 
+@pytest.mark.slow  # ~28 s; resume and interrupts: test_resume, test_golden's resume_grpo_iid
 def test_resume_equals_uninterrupted_and_interrupt_saves(tmp_path, monkeypatch):
   cfg = quick_cfg()
   cfg.methods = 'tempo:tree_entropy'

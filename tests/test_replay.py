@@ -120,8 +120,11 @@ def run(cfg, path, params, method, steps=None):
 
 
 # avatar's two-sided store: the inject/update reference above and the family's quick run.
+# grpo:knapsack: its path exactly in test_golden's grpo_knapsack (every pass's loop state
+# resumes through one path: test_extension).
 @pytest.mark.parametrize('method', ['r3:iid', pytest.param('avatar:iid', marks=pytest.mark.slow),
-                                    'grpo:lagged', 'grpo:knapsack'])
+                                    'grpo:lagged',
+                                    pytest.param('grpo:knapsack', marks=pytest.mark.slow)])
 def test_resume_restores_the_replay_store_and_the_lagged_policy(warm, tmp_path, method):
   cfg, p0 = warm
   cfg = cfg.copy_and_resolve_references()
@@ -190,6 +193,7 @@ def test_replay_and_lag_refuse_what_they_cannot_do(warm, tmp_path):
     run(bad, tmp_path / 'z', p0, 'r3:iid')
 
 
+@pytest.mark.slow  # ~16 s; the replay path exactly: test_golden's r3_pool
 def test_replay_family_script_runs_quick(tmp_path):
   from configs import replay as replay_config
   from configs import tempo as tempo_config

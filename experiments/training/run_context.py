@@ -20,7 +20,7 @@ from experiments.training.config_checks import (check_config, fingerprint, loss_
                                                 run_config)
 from experiments.training.forward import credit_fn, packing_applies
 from experiments.training.methods import with_method
-from experiments.training.metrics_io import read_metrics, summarize
+from experiments.training.metrics_io import MetricsWriter, read_metrics, summarize
 from experiments.training.problems import build_problem
 
 
@@ -97,7 +97,6 @@ def start(run: Run, mngr, metrics_path: str):
   """(carry, the starting row's extra fields, resumed): the newest intact checkpoint's
   state and loop state, or a fresh one (the passes' start hooks run: InT's phase).
   The carry's totals continue from the metric rows kept (a torn final line dropped)."""
-  from experiments.training.metrics_io import MetricsWriter
   o = run.cfg.optimizer
   tx = ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.grad_clip, o.b1, o.b2,
                          lora_only=run.pcfg.lora_rank > 0)

@@ -168,19 +168,19 @@ REGISTRY = {
                           check=_check_levels),
     'knapsack': Sampler(('group_size', 'min_group', 'max_group'), _G, _knapsack, _SINGLE,
                         tree=False, check=_check_knapsack),
+    'tree_branching': Sampler(  # APPO's Branching Score (#35)
+        _FORKS + ('branch_window', 'branch_candidates'), _CHAINS,
+        _forks(lambda s: branching.BranchingForks(s.num_forks, s.num_continuations,
+                                                  s.branch_window, s.branch_candidates)),
+        _SINGLE, tree=True),
     'experience': Sampler(('group_size', 'admit', 'min_count', 'max_new', 'ema',
                            'failure_patterns'), _G, None, _AGENT, tree=False,
                           requires=frozenset({'experience'}),
                           refusal="sampler 'experience' (SLEA-RL) retrieves experiences at every "
                           "turn of a multi-turn environment (configs/agents.py, "
                           "agent.experience_slots)"),
-    'tree_branching': Sampler(  # APPO's Branching Score (#35)
-        _FORKS + ('branch_window', 'branch_candidates'), _CHAINS,
-        _forks(lambda s: branching.BranchingForks(s.num_forks, s.num_continuations,
-                                                  s.branch_window, s.branch_candidates)),
-        _SINGLE, tree=True),
 }
-assert set(REGISTRY) == set(default_config.SAMPLERS), 'configs/tempo.SAMPLERS vs the registry'
+assert tuple(REGISTRY) == default_config.SAMPLERS, 'configs/tempo.SAMPLERS vs the registry'
 
 
 def get(name: str) -> Sampler:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import credit
 from experiments.training import hindsight as hindsight_lib
 from experiments.training import saliency as saliency_lib
+from experiments.training.config_checks import is_agent, loss_config
 from experiments.training.forward import (context_prompts, prompt_logprobs, prompt_scored,
                                           rows_logprobs)
 from experiments.training.passes.base import Pass
@@ -26,7 +27,6 @@ class Reference(Pass):
 
   @classmethod
   def applies(cls, cfg, needs):
-    from experiments.training.config_checks import loss_config
     return loss_config(cfg).needs_ref or 'ref_logprobs' in needs
 
   def inputs(self, run, carry, s):
@@ -176,7 +176,7 @@ class Turns(Pass):
 
   @classmethod
   def applies(cls, cfg, needs):
-    return 'agent' in cfg or 'turns' in needs
+    return is_agent(cfg) or 'turns' in needs
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
