@@ -18,6 +18,7 @@ setup(
         "ml-collections>=1.1.0",
         "absl-py>=2.0",
         "numpy>=2.0",
+        "scipy>=1.17",  # t quantiles (experiments/training/stats.py); also a dependency of jax
         "matplotlib>=3.8",
         "tqdm>=4.60",
         # Pretrained models, tokenizers and text tasks (the lowest versions tested).

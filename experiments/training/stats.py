@@ -1,4 +1,4 @@
-"""Paired statistics over seeds (pure numpy + math, no scipy).
+"""Paired statistics over seeds (numpy; the t quantiles from scipy).
 
     stats.paired_difference(acc_tempo, acc_grpo)            # paired t interval
     stats.paired_difference(a, b, method='bootstrap')       # percentile bootstrap
@@ -16,67 +16,21 @@ narrow (only 10 distinct resamples): the t interval is the one to read.
 import math
 
 import numpy as np
+import scipy.stats
 
 METHODS = ('t', 'bootstrap')
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-  """Continued fraction of the regularized incomplete beta (modified Lentz)."""
-  tiny, eps = 1e-300, 1e-15
-  qab, qap, qam = a + b, a + 1.0, a - 1.0
-  c, d = 1.0, 1.0 - qab * x / qap
-  d = 1.0 / (d if abs(d) > tiny else tiny)
-  h = d
-  for m in range(1, 10000):
-    m2 = 2 * m
-    for num in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-      d = 1.0 + num * d
-      d = 1.0 / (d if abs(d) > tiny else tiny)
-      c = 1.0 + num / c
-      c = c if abs(c) > tiny else tiny
-      h *= d * c
-    if abs(d * c - 1.0) < eps:
-      break
-  return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-  """Regularized incomplete beta I_x(a, b) for a, b > 0, 0 <= x <= 1."""
-  if x <= 0.0:
-    return 0.0
-  if x >= 1.0:
-    return 1.0
-  lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-  if x < (a + 1.0) / (a + b + 2.0):
-    return math.exp(lbt) * _betacf(a, b, x) / a
-  return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
-
-
 def t_cdf(t: float, df: float) -> float:
-  """Student t CDF with df degrees of freedom."""
-  tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-  return 1.0 - tail if t >= 0 else tail
+  """Student t CDF with df degrees of freedom (scipy.stats.t)."""
+  return float(scipy.stats.t.cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
-  """Student t quantile (inverse CDF) by bisection on `t_cdf`, 0 < p < 1."""
+  """Student t quantile (inverse CDF), 0 < p < 1 (scipy.stats.t)."""
   if not 0.0 < p < 1.0:
     raise ValueError(f'p must be in (0, 1), got {p}')
-  if p < 0.5:
-    return -t_quantile(1.0 - p, df)
-  lo, hi = 0.0, 1.0
-  while t_cdf(hi, df) < p:
-    lo, hi = hi, 2.0 * hi
-  for _ in range(200):
-    mid = 0.5 * (lo + hi)
-    if t_cdf(mid, df) < p:
-      lo = mid
-    else:
-      hi = mid
-    if hi - lo <= 1e-12 * max(1.0, hi):
-      break
-  return 0.5 * (lo + hi)
+  return float(scipy.stats.t.ppf(p, df))
 
 
 def paired_difference(a, b, level: float = 0.95, method: str = 't', num_boot: int = 10000,
