@@ -10,6 +10,7 @@ import pytest
 import credit
 from credit import vocabulary
 from experiments.training import loop, passes, samplers
+from test_resume import init_params, strip, tiny_cfg
 
 KEY = 'toy_signal'
 
@@ -49,32 +50,10 @@ def toy():
   del vocabulary.NEEDS[KEY]
 
 
-def tiny_cfg(steps):
-  from configs import tempo as tempo_config
-  cfg = tempo_config.shrink(tempo_config.get_config())
-  cfg.quick, cfg.progress = False, False
-  cfg.task.name, cfg.task.kwargs = 'token_tree', dict(num_symbols=2, depth=1, num_decisive=1)
-  cfg.train.packing = 'none'
-  cfg.sampler.group_size = 8
-  cfg.rl.update(steps=steps, ckpt_every=1, prompts_per_step=16)
-  cfg.eval.update(every=2, num_prompts=16)
-  return cfg
-
-
-def params0(cfg):
-  from experiments.models import decoder
-  return decoder.init_params(jax.random.PRNGKey(0), loop.policy_config(cfg, loop.build_task(cfg)))
-
-
-def timing_free(rows):
-  return [{k: v for k, v in r.items() if not (k in ('wall_s', 'credit_frac')
-                                              or k.endswith(('_s', '_per_s')))} for r in rows]
-
-
 def test_a_pass_from_outside_trains_resumes_exactly(toy, tmp_path, monkeypatch):
   assert passes.providers()[KEY] == ['ToySignal']
   cfg = tiny_cfg(4)
-  p0 = params0(cfg)
+  p0 = init_params(cfg)
   straight = loop.train(cfg, str(tmp_path / 'a'), p0, method='toy_credit:iid')
   rows = loop.read_metrics(str(tmp_path / 'a' / 'metrics.jsonl'))
   assert [r['toy_steps'] for r in rows[1:]] == [1.0, 2.0, 3.0, 4.0]
@@ -94,8 +73,7 @@ def test_a_pass_from_outside_trains_resumes_exactly(toy, tmp_path, monkeypatch):
     loop.train(cfg, str(tmp_path / 'b'), p0, method='toy_credit:iid')
   monkeypatch.setattr(samplers, 'sample', real)
   resumed = loop.train(cfg, str(tmp_path / 'b'), p0, method='toy_credit:iid')
-  assert timing_free(loop.read_metrics(str(tmp_path / 'b' / 'metrics.jsonl'))) == \
-      timing_free(rows)
+  assert strip(loop.read_metrics(str(tmp_path / 'b' / 'metrics.jsonl'))) == strip(rows)
   for x, y in zip(jax.tree.leaves(straight['params']), jax.tree.leaves(resumed['params'])):
     np.testing.assert_array_equal(x, y)
 

@@ -53,13 +53,15 @@ class Carry:
 
 class Pass:
   """An optional part of the loop. `provides`: the `credit.NEEDS` keys it computes;
-  `state_key`: its loop state's checkpoint key (None: it has none)."""
+  `sampler`: the sampler it serves; it applies when the estimator needs one of those keys or
+  the run uses that sampler. `state_key`: its loop state's checkpoint key (None: none)."""
   provides: tuple = ()
+  sampler: Optional[str] = None
   state_key: Optional[str] = None
 
   @classmethod
   def applies(cls, cfg, needs) -> bool:
-    return bool(set(cls.provides) & set(needs))
+    return cfg.sampler.name == cls.sampler or bool(set(cls.provides) & set(needs))
 
   @classmethod
   def check(cls, cfg, needs, kind: str, caps) -> None:

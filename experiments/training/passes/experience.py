@@ -5,11 +5,7 @@ from experiments.training.passes.base import Pass
 
 
 class Experience(Pass):
-  state_key = 'library'
-
-  @classmethod
-  def applies(cls, cfg, needs):
-    return cfg.sampler.name == 'experience'
+  sampler, state_key = 'experience', 'library'
 
   def init_state(self, run, state):
     return run.problem.empty_library()

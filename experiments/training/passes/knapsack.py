@@ -9,11 +9,7 @@ from experiments.training.passes.base import Pass
 
 
 class Knapsack(Pass):
-  state_key = 'pass_rate'
-
-  @classmethod
-  def applies(cls, cfg, needs):
-    return cfg.sampler.name == 'knapsack'
+  sampler, state_key = 'knapsack', 'pass_rate'
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):

@@ -32,11 +32,7 @@ class PromptPool(Pass):
 
 class Lagged(Pass):
   """Off-policy GRPO: samples with params `sampler.lag` updates old (loop state)."""
-  state_key = 'behaviour'
-
-  @classmethod
-  def applies(cls, cfg, needs):
-    return cfg.sampler.name == 'lagged'
+  sampler, state_key = 'lagged', 'behaviour'
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
