@@ -82,7 +82,12 @@ class Vocabulary:
 
 @dataclasses.dataclass(frozen=True)
 class Task(Vocabulary):
-  """Base class: static hyperparameters (dataclass fields) plus array functions."""
+  """Base class: static hyperparameters (dataclass fields) plus array functions.
+
+  `capabilities` declares the optional parts a task defines, for the training loop:
+  'reasoning_steps' (the property and `step_ends`), 'process_rewards' (`token_rewards`),
+  'interventions' (`interventions`)."""
+  capabilities = frozenset()
 
   @property
   def eos_id(self) -> int:

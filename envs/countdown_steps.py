@@ -42,6 +42,7 @@ _OPS = ("+", "-", "*", "/")
 @dataclasses.dataclass(frozen=True)
 class CountdownSteps(base.Task):
   """Countdown over k numbers with written, checked arithmetic steps."""
+  capabilities = frozenset({'reasoning_steps', 'process_rewards'})
 
   num_numbers: int = 5
   max_number: int = 20

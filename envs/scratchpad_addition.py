@@ -38,6 +38,7 @@ from envs import _cot, base
 @dataclasses.dataclass(frozen=True)
 class ScratchpadAddition(base.Task):
   """K-operand, D-digit column addition with per-column carry steps."""
+  capabilities = frozenset({'reasoning_steps', 'process_rewards', 'interventions'})
 
   num_digits: int = 5
   num_operands: int = 2

@@ -28,6 +28,16 @@ def test_sampler_registry_is_the_configs_list():
     assert (sampler.fn is None) == (sampler.problems == {'agent'}), name  # their own sampler
 
 
+def test_tasks_declare_what_they_define():
+  import envs
+  methods = dict(reasoning_steps='reasoning_steps', process_rewards='token_rewards',
+                 interventions='interventions')
+  for name in envs.names():
+    task = envs.get(name)
+    declared = {cap for cap, attr in methods.items() if hasattr(task, attr)}
+    assert task.capabilities == declared, name
+
+
 def test_problems_declare_capabilities():
   from experiments.rollouts import agent_rollouts, text_rollouts
   from experiments.training import problems

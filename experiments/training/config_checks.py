@@ -29,11 +29,9 @@ NOT_FINGERPRINTED = ('quick', 'seeds', 'methods', 'progress', 'eval', 'rl.steps'
 SAMPLER_FIELDS = {name: s.fields for name, s in samplers.REGISTRY.items()}
 # Samplers of G i.i.d. rows per prompt (no explicit tree; `sampler.group_size` rows a group).
 IID_SAMPLERS = tuple(name for name, s in samplers.REGISTRY.items() if not s.tree)
-PACKING = packing_lib.MODES + ('none',)
-
-
 SAMPLER_COMMON = samplers.COMMON_FIELDS
-group_size = samplers.group_size
+group_size = samplers.group_size  # rollouts per prompt of a sampler config
+PACKING = packing_lib.MODES + ('none',)
 
 
 def check_config(cfg, reference=None, prefix=''):

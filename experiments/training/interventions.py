@@ -35,7 +35,7 @@ def phase(params, problem, sample_fn, key, *, steps: int, batch: int, lr: float)
   """(params after the phase, info: intervention_rows, intervention_loss (last step),
   intervention_generated_tokens, intervention_s). `sample_fn(params, key, draw)` samples
   the run's [B, G, L] responses to a `problem.draw`."""
-  if not hasattr(problem, 'interventions'):
+  if 'interventions' not in problem.capabilities:
     raise ValueError('the intervention phase (InT) needs a JAX task that builds '
                      'single-step interventions (`interventions`: scratch_add)')
   t0 = time.perf_counter()

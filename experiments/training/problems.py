@@ -33,15 +33,10 @@ def _demo_batch(key, *, task, n):
 
 
 def task_capabilities(task) -> frozenset:
-  """The optional parts a JAX task defines, as capability names (the one place that asks a
-  task what it has): 'reasoning_steps', 'process_rewards', 'interventions'; every JAX
-  task has 'prompt_pool' (`JaxProblem.set_pool`)."""
-  caps = {'prompt_pool'}
-  for cap, attr in (('reasoning_steps', 'reasoning_steps'), ('process_rewards', 'token_rewards'),
-                    ('interventions', 'interventions')):
-    if hasattr(task, attr):
-      caps.add(cap)
-  return frozenset(caps)
+  """A JAX task's problem's capabilities: what the task declares (`envs.base.Task`:
+  'reasoning_steps', 'process_rewards', 'interventions') and 'prompt_pool', which every JAX
+  task has (`JaxProblem.set_pool`)."""
+  return frozenset({'prompt_pool'}) | task.capabilities
 
 
 def capabilities(cfg, jax_task=None) -> frozenset:
@@ -106,7 +101,7 @@ class JaxProblem:
     """(prompts [n, P + R], prompt_len [n], responses, mask): demonstrations whose prompts
     carry the gold answer (`hindsight_prompts`) with probability `frac` (`sft.hindsight_frac`:
     a warm start that has learned to read the answer, for PBSD and HCAPO's teacher)."""
-    if not hasattr(self.task, 'reasoning_steps'):
+    if 'reasoning_steps' not in self.capabilities:
       raise ValueError(f'sft.hindsight_frac needs a chain-of-thought task with '
                        f'`reasoning_steps`; {type(self.task).__name__} has none')
     return hindsight_lib.hinted_demonstrations(key, task=self.task, n=n, frac=frac)
@@ -114,7 +109,7 @@ class JaxProblem:
   def interventions(self, draw, samples):
     """InT's rows (prompts [N, P], tokens [N, L], loss_mask [N, L], ok [N]) of the N = B·G
     responses (`task.interventions`; experiments/training/interventions.py)."""
-    if not hasattr(self.task, 'interventions'):
+    if 'interventions' not in self.capabilities:
       raise ValueError(f'InT needs single-step interventions, which '
                        f'{type(self.task).__name__} does not build (scratch_add does)')
     return interventions_lib.rows(draw.prompts, samples.tokens, samples.mask, draw.handle,

@@ -45,7 +45,7 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
   t0 = time.time()
   key = jax.random.PRNGKey(s.seed + 1)
   hinted = float(s.get('hindsight_frac', 0.0))
-  if hinted and not hasattr(problem, 'hinted_demonstrations'):
+  if hinted and 'reasoning_steps' not in problem.capabilities:
     raise ValueError(f'sft.hindsight_frac needs a JAX chain-of-thought task with '
                      f'`reasoning_steps` (scratch_add, countdown_steps); task '
                      f'{cfg.task.name!r} has none')

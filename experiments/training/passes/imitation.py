@@ -11,11 +11,10 @@ from experiments.training import train_step as ts
 from experiments.training.passes.base import Pass
 
 
-def _check_interventions(cfg, caps):
+def _check_interventions(cfg, caps, what: str):
   if 'interventions' not in caps:
-    raise ValueError(f"credit {cfg.credit.name!r} imitates the expert at the learner's "
-                     f'first wrong step, which needs a task that builds single-step '
-                     f'interventions (scratch_add); task {cfg.task.name!r} does not')
+    raise ValueError(f'credit {cfg.credit.name!r} {what}, which needs a task that builds '
+                     f'single-step interventions (scratch_add); task {cfg.task.name!r} does not')
 
 
 class InterventionPhase(Pass):
@@ -24,7 +23,7 @@ class InterventionPhase(Pass):
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
-    _check_interventions(cfg, caps)
+    _check_interventions(cfg, caps, 'fine-tunes on interventions of fixed failures before RL')
 
   def start(self, run, state):
     hp = self.hparams
@@ -44,7 +43,7 @@ class ExpertSFT(Pass):
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
-    _check_interventions(cfg, caps)
+    _check_interventions(cfg, caps, "imitates the expert at the learner's first wrong step")
 
   def __init__(self, cfg, hparams):
     super().__init__(cfg, hparams)
