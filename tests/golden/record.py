@@ -4,6 +4,8 @@
 
     python tests/golden/record.py [--only NAME,...]   # (re)record into golden.json
     python tests/golden/record.py --check [--only ...]  # rerun, compare; exit 1 on a difference
+    python tests/golden/record.py --write-checkpoints DIR   # with the old code: step 1 of each
+    python tests/golden/record.py --resume-checkpoints DIR  # with the new: resume, compare
 
 A record: the metric rows without timing fields, sha256 of the final params, sha256 of the
 saved loop state beside them (None if none) and the run's fingerprint (checkpoint meta).
@@ -329,7 +331,13 @@ def main(argv=None) -> int:
   p.add_argument('--out', default=GOLDEN, help='where to write the records (default golden.json)')
   p.add_argument('--machine', action='store_true',
                  help="record into this machine's own file (machines/<machine_id()>.json)")
+  p.add_argument('--write-checkpoints', default='', metavar='DIR',
+                 help="run step 1 of each single-device case into DIR (with the old code)")
+  p.add_argument('--resume-checkpoints', default='', metavar='DIR',
+                 help='resume the runs in DIR to the end (with the new code) and compare')
   args = p.parse_args(argv)
+  if args.write_checkpoints or args.resume_checkpoints:
+    return old_checkpoints(args.write_checkpoints, args.resume_checkpoints, args.only)
   if args.machine:
     os.makedirs(os.path.dirname(machine_path()), exist_ok=True)
     args.out = machine_path()
@@ -361,6 +369,33 @@ def main(argv=None) -> int:
     return 1 if failures else 0
   if failures:
     print('\n'.join(failures))
+  return 1 if failures else 0
+
+
+def old_checkpoints(write: str, resume: str, only: str = '') -> int:
+  """Checkpoints written by one version of the code, resumed by another: `write` runs step 1
+  of each single-device case into that directory (its SFT starts there too); `resume` runs
+  the same cases there to the end, resuming from those checkpoints, and compares the records
+  (rows, params, loop state, fingerprint) with this machine's. Exit 1 on a difference."""
+  names = [n for n in only.split(',') if n] or [
+      n for n, c in CASES.items() if c.devices == 1 and not c.resume]
+  root = os.path.abspath(write or resume)
+  if write:
+    os.chdir(ROOT)
+    for name in names:
+      case = CASES[name]
+      cfg = build_config(case)
+      short = cfg.copy_and_resolve_references()
+      short.rl.steps = 1
+      loop.train(short, os.path.join(root, name), warm_start(cfg, root), method=case.method,
+                 progress=False)
+    print(f'{len(names)} runs at step 1 in {root}')
+    return 0
+  want, _ = load()
+  failures = []
+  for name in names:
+    failures += diff(name, want[name], run_case(name, root))
+  print('\n'.join(failures) or f'{len(names)} cases resumed identically from {root}')
   return 1 if failures else 0
 
 
