@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+import credit
 from configs import tempo as default_config
 from experiments.rollouts import branching, sampling
 from experiments.rollouts import knapsack as knapsack_lib
@@ -119,7 +120,6 @@ def _check_schedule(cfg, jax_task, credit_name):
 
 
 def _check_knapsack(cfg, jax_task, credit_name):
-  import credit  # the estimators that honour row_mask
   if credit_name not in credit.row_masked():
     raise ValueError(f"credit {credit_name!r} does not support groups of varying size (sampler "
                      f"'knapsack'); the ones that do: {', '.join(credit.row_masked())}")
