@@ -8,7 +8,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.11",
     packages=["trees", "credit", "envs", "experiments", "experiments.models", "experiments.rollouts",
-              "experiments.training", "configs"],
+              "experiments.training", "experiments.training.passes", "configs"],
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",
