@@ -94,9 +94,9 @@ def build(cfg, init_params, method=None, seed: int = 0) -> Run:
 
 
 def start(run: Run, mngr, metrics_path: str):
-  """(carry, the starting row's extra fields, resumed): the newest intact checkpoint's
-  state and loop state, or a fresh one (the passes' start hooks run: InT's phase).
-  The carry's totals continue from the metric rows kept (a torn final line dropped)."""
+  """(carry, the starting row's extra fields, the metrics writer): the newest intact
+  checkpoint's state and loop state, or a fresh one (the passes' start hooks run: InT's
+  phase). The carry's totals continue from the metric rows kept (a torn final line dropped)."""
   o = run.cfg.optimizer
   tx = ts.make_optimizer(o.lr, o.warmup_steps, o.weight_decay, o.grad_clip, o.b1, o.b2,
                          lora_only=run.pcfg.lora_rank > 0)

@@ -6,6 +6,7 @@ import numpy as np
 
 from experiments.rollouts import knapsack as knapsack_lib
 from experiments.training.passes.base import Pass
+from experiments.training.passes.off_policy import pool_size
 
 
 class Knapsack(Pass):
@@ -13,13 +14,13 @@ class Knapsack(Pass):
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
-    if not int(cfg.rl.get('prompt_pool', 0)) or 'own_sampler' in caps:
+    if not pool_size(cfg) or 'own_sampler' in caps:
       raise ValueError("sampler 'knapsack' allocates each step's rollouts by the prompts' pass "
                        "rates at their last visit, which needs a single-turn JAX task with "
                        "prompts that recur: set rl.prompt_pool (e.g. 256)")
 
   def init_state(self, run, state):
-    return jnp.full((int(self.cfg.rl.prompt_pool),), -1.0, jnp.float32)  # -1: not yet
+    return jnp.full((pool_size(self.cfg),), -1.0, jnp.float32)  # -1: not yet
 
   def before_sample(self, run, carry, s):
     g = self.cfg.sampler

@@ -9,7 +9,8 @@ from experiments.training.forward import rows_logprobs
 from experiments.training.passes.base import Pass
 
 
-def _pool(cfg) -> int:
+def pool_size(cfg) -> int:
+  """`rl.prompt_pool`, 0 when unset (fresh prompts every step)."""
   return int(cfg.rl.get('prompt_pool', 0))
 
 
@@ -18,16 +19,16 @@ class PromptPool(Pass):
 
   @classmethod
   def applies(cls, cfg, needs):
-    return _pool(cfg) > 0
+    return pool_size(cfg) > 0
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
     if 'prompt_pool' not in caps:
-      raise ValueError(f'rl.prompt_pool = {_pool(cfg)} needs a JAX task (a fixed pool of its '
-                       f'prompts); task {cfg.task.name!r} draws its own')
+      raise ValueError(f'rl.prompt_pool = {pool_size(cfg)} needs a JAX task (a fixed pool of '
+                       f'its prompts); task {cfg.task.name!r} draws its own')
 
   def prepare(self, run):
-    run.problem.set_pool(_pool(self.cfg), run.run_seed)
+    run.problem.set_pool(pool_size(self.cfg), run.run_seed)
 
 
 class Lagged(Pass):
@@ -61,7 +62,7 @@ class Replay(Pass):
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
-    if not _pool(cfg):
+    if not pool_size(cfg):
       raise ValueError(f'credit {cfg.credit.name!r} replays stored successes of the same '
                        f'prompt, which needs prompts that recur: set rl.prompt_pool (e.g. 256)')
     if cfg.sampler.name not in ('iid', 'lagged'):
@@ -76,7 +77,8 @@ class Replay(Pass):
     self.current = hparams.get('replay_logprobs', 'behaviour') == 'current'
 
   def init_state(self, run, state):
-    return replay_lib.init_store(_pool(self.cfg), run.problem.response_len, run.problem.pad_id)
+    return replay_lib.init_store(pool_size(self.cfg), run.problem.response_len,
+                                 run.problem.pad_id)
 
   def after_rewards(self, run, carry, s):
     s.samples, s.rewards, s.replayed = replay_lib.inject(
