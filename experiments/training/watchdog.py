@@ -252,8 +252,8 @@ class Watchdog(threading.Thread):
 
   def await_verdict(self) -> bool:
     """Waits up to timeout + 2 intervals for the thread to stop the job; True if it did."""
-    deadline = time.time() + self.timeout + 2 * self.interval
-    while not self._ended and time.time() < deadline and self.is_alive():
+    deadline = self.clock() + self.timeout + 2 * self.interval
+    while not self._ended and self.clock() < deadline and self.is_alive():
       time.sleep(min(self.interval, 0.05))
     return self._ended
 
