@@ -24,7 +24,7 @@ TOLERANCE = 0.05
 def machine_file() -> str:
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from golden import record
-  return os.path.join(RESULTS, 'main_job', record.machine_id() + '.json')
+  return os.path.join(RESULTS, 'main_job', record.records_id() + '.json')
 
 
 def run_main_job(workdir: str) -> dict:

@@ -13,7 +13,8 @@ saved loop state beside them (None if none) and the run's fingerprint (checkpoin
 Float rounding of XLA's CPU programs depends on the CPU (measured: the same commit and jaxlib
 give other last bits on an AVX-512/AMX Xeon than where golden.json was recorded), so a
 machine whose records differ keeps its own: `--machine` records into
-machines/<machine_id()>.json, which `load` prefers on that machine.
+machines/<machine_id()>.json, which `load` prefers on that machine; machines/aliases.json
+points a machine at another's file once all its cases were checked identical to it.
 """
 
 import os
@@ -294,8 +295,16 @@ def machine_id() -> str:
   return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def records_id() -> str:
+  """The machine whose records this one shares: machines/aliases.json maps a machine id to
+  another's where the two were checked to give identical records (all cases, one commit)."""
+  with open(os.path.join(HERE, 'machines', 'aliases.json')) as f:
+    aliases = json.load(f)
+  return aliases.get(machine_id(), machine_id())
+
+
 def machine_path() -> str:
-  return os.path.join(HERE, 'machines', machine_id() + '.json')
+  return os.path.join(HERE, 'machines', records_id() + '.json')
 
 
 def load() -> tuple[dict, bool]:
