@@ -15,6 +15,7 @@ in a subprocess so that each side's peak resident memory is its own. Prints one
 table with ours / transformers ratios; absolute numbers depend on the machine.
 """
 
+import argparse
 import dataclasses
 import json
 import resource
@@ -25,22 +26,27 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
 
 from experiments.rollouts import sampling
 from experiments.training import train_step as ts
 from experiments.models import decoder, pretrained
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer('batch', 64, 'Sampled rows.')
-flags.DEFINE_integer('prompt_len', 32, 'Prompt tokens per row.')
-flags.DEFINE_integer('new_tokens', 64, 'Generated tokens per row.')
-flags.DEFINE_integer('train_rows', 16, 'Rows in the timed update step.')
-flags.DEFINE_integer('lora_rank', 8, 'LoRA rank of the second update step.')
-flags.DEFINE_integer('repeats', 2, 'Timed repeats after the compiling call (best is kept).')
-flags.DEFINE_integer('threads', 2, 'torch threads for the transformers run.')
-flags.DEFINE_bool('hf', True, 'Also time transformers generate (needs torch + transformers).')
-flags.DEFINE_string('part', 'all', "'all', or 'hf' (internal: the transformers subprocess).")
+
+def parse(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--batch', type=int, default=64, help='sampled rows')
+  p.add_argument('--prompt_len', type=int, default=32, help='prompt tokens per row')
+  p.add_argument('--new_tokens', type=int, default=64, help='generated tokens per row')
+  p.add_argument('--train_rows', type=int, default=16, help='rows in the timed update step')
+  p.add_argument('--lora_rank', type=int, default=8, help='LoRA rank of the second update step')
+  p.add_argument('--repeats', type=int, default=2,
+                 help='timed repeats after the compiling call (best is kept)')
+  p.add_argument('--threads', type=int, default=2, help='torch threads for the transformers run')
+  p.add_argument('--no_hf', action='store_true',
+                 help='skip timing transformers generate (needs torch + transformers)')
+  p.add_argument('--part', default='all', choices=('all', 'hf'),
+                 help="internal: 'hf' is the transformers subprocess")
+  return p.parse_args(argv)
 
 
 def peak_rss_gb() -> float:
@@ -111,15 +117,14 @@ def hf(batch, prompt_len, new_tokens, threads) -> dict:
   return out
 
 
-def main(argv):
-  del argv
-  f = FLAGS
+def main(argv=None):
+  f = parse(argv)
   if f.part == 'hf':
     print('JSON' + json.dumps(hf(f.batch, f.prompt_len, f.new_tokens, f.threads)))
     return
   rows = {'ours (jax sampler)': ours(f.batch, f.prompt_len, f.new_tokens, f.train_rows, f.repeats,
                                      f.lora_rank)}
-  if f.hf:
+  if not f.no_hf:
     proc = subprocess.run([sys.executable, '-m', 'experiments.bench_lm', '--part=hf',
                            f'--batch={f.batch}', f'--prompt_len={f.prompt_len}',
                            f'--new_tokens={f.new_tokens}', f'--threads={f.threads}'],
@@ -151,4 +156,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  main()

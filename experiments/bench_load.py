@@ -1,6 +1,6 @@
 """Host memory of loading a ~1B-parameter bf16 HF checkpoint onto an 8-device fsdp mesh.
 
-    python -m experiments.bench_load [--layers 18] [--keep-old] [--skip-old]
+    python -m experiments.bench_load [--layers 18] [--keep_old] [--skip_old]
 
 Writes a random Llama-shaped checkpoint (d 2048, ffn 5632, vocab 32000, untied; 18
 layers = 1.06B params) with `save_hf_dir(dtype='bfloat16', shard_size=1 GiB)` under
@@ -149,7 +149,7 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument('--child', nargs=2, metavar=('WHICH', 'PATH'))
   ap.add_argument('--layers', type=int, default=18)
-  ap.add_argument('--skip-old', action='store_true')
+  ap.add_argument('--skip_old', action='store_true')
   ap.add_argument('--dir', default=tempfile.gettempdir())
   args = ap.parse_args()
   if args.child:
