@@ -1,6 +1,6 @@
 """Host memory of loading a ~1B-parameter bf16 HF checkpoint onto an 8-device fsdp mesh.
 
-    python -m experiments.bench_load [--layers 18] [--keep_old] [--skip_old]
+    python -m experiments.bench_load [--layers 18] [--skip_old]
 
 Writes a random Llama-shaped checkpoint (d 2048, ffn 5632, vocab 32000, untied; 18
 layers = 1.06B params) with `save_hf_dir(dtype='bfloat16', shard_size=1 GiB)` under
