@@ -108,6 +108,10 @@ def get_config() -> ml_collections.ConfigDict:
                                          pass_prompts=128, seed=12345))
   # Devices = data x fsdp x model; model > 1: tensor parallelism (heads, MLP, vocabulary).
   c.mesh = ml_collections.ConfigDict(dict(fsdp=1, model=1))
+  # Metrics sinks (experiments/training/tracking.py): metrics.jsonl always, plus any of
+  # 'tensorboard', 'wandb' (pip install -e ".[tracking]"); W&B offline unless 'online'.
+  c.log = ml_collections.ConfigDict(dict(sinks='jsonl', wandb_project='treecredit',
+                                         wandb_mode='offline'))
   return c
 
 

@@ -1,5 +1,6 @@
 """Tests for the RL loop, checkpoints/resume, config errors and the tempo script (quick config)."""
 
+import glob
 import json
 import os
 
@@ -11,6 +12,8 @@ from configs import tempo as tempo_config
 from experiments.training import loop, samplers
 from experiments.models import decoder
 from experiments import tempo as tempo_script
+import test_tracking
+from test_tracking import offline_wandb  # noqa: F401  (a fixture)
 
 TIMING = ('wall_s', 'sample_s', 'logprob_s', 'credit_s', 'update_s', 'step_s',
           'sampled_tokens_per_s', 'train_tokens_per_s', 'credit_frac')
@@ -43,8 +46,9 @@ def strip(rows):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-def test_quick_experiment_writes_metrics_plots_checkpoints(tmp_path):
+def test_quick_experiment_writes_metrics_plots_checkpoints(tmp_path, offline_wandb):
   cfg = quick_cfg(default_task=True)
+  cfg.log.sinks = 'jsonl,tensorboard,wandb'  # not fingerprinted: the same runs as without
   summary = tempo_script.run_experiment(cfg, str(tmp_path))
   assert set(summary['methods']) == {'grpo:iid', 'tempo:tree_entropy'}
   for d in ('grpo_iid/seed0', 'tempo_tree_entropy/seed0'):
@@ -56,6 +60,10 @@ def test_quick_experiment_writes_metrics_plots_checkpoints(tmp_path):
               'update_s', 'sampled_tokens_per_s', 'train_tokens_per_s'):
       assert k in last, k
     assert os.listdir(tmp_path / d / 'checkpoints')
+    scalars = test_tracking.tensorboard_scalars(tmp_path / d / 'tensorboard')
+    assert sorted(scalars) == [r['step'] for r in rows]
+    assert scalars[rows[-1]['step']]['reward'] == pytest.approx(rows[-1]['reward'], rel=1e-7)
+    assert glob.glob(str(tmp_path / d / 'wandb' / 'offline-run-*' / 'run-*.wandb'))
   for f in ('curves_vs_step.png', 'curves_vs_wall.png', 'summary.json'):
     assert (tmp_path / f).stat().st_size > 0
   assert os.listdir(tmp_path / 'sft' / 'checkpoints')

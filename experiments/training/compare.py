@@ -33,7 +33,7 @@ import credit
 from configs import agents as agents_config
 from configs import lm as lm_config
 from configs import tempo as tempo_config
-from experiments.training import loop, passes, plots, problems, stats
+from experiments.training import loop, metrics_io, passes, plots, problems, stats, tracking
 from experiments.training.config_checks import problem_kind
 from experiments.training import train_step as ts
 
@@ -140,7 +140,8 @@ def check_comparison(cfg):
   `config.methods` ('grpo' and 'grpo:iid' are the same), a seed repeated in `config.seeds`
   (a "mean ± std over 2 seeds" and a paired test of one seed's copies), a repeated lr
   (as lr<lr:g> directories); an empty seed list; and a `credit.hparams` key that one of the
-  methods' estimators does not take (every method of the comparison is passed all of them)."""
+  methods' estimators does not take (every method of the comparison is passed all of them);
+  an unknown or uninstalled `log.sinks` entry."""
   parsed = loop.parse_methods(cfg.methods)
   methods = [loop.method_name(*m) for m in parsed]
   twice = sorted({m for m in methods if methods.count(m) > 1})
@@ -155,6 +156,7 @@ def check_comparison(cfg):
     raise ValueError(f'config.seeds {seeds} repeats {", ".join(map(str, twice))}: a repeated '
                      'seed is the same run counted twice (in mean ± std and in the paired '
                      'tests); list every seed once')
+  tracking.check(cfg)  # log.sinks: known names, their packages installed
   for name, _, _, own in parsed:  # the shared dict, with the method's own keys over it
     credit.check_hparams(name, {**dict(cfg.credit.hparams), **dict(own)})
   kind, caps = problem_kind(cfg), problems.capabilities(cfg)
@@ -179,6 +181,10 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
   95 % paired t interval printed, percentile bootstrap also in summary.json). With an lr
   grid each method's reported runs are its best lr by mean final accuracy over seeds
   (chosen on the same held-out set it is reported on, so optimistic for every method alike).
+
+  As each run finishes, the plots and summary.json of the runs so far are rewritten (that
+  summary also has `partial`: runs done of the total) and their table printed; the final
+  summary.json has no `partial`.
   """
   if cfg.quick:
     shrink = (lm_config if loop.is_text(cfg) else
@@ -194,9 +200,25 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
   params0, sft_info = _start(cfg, run_cfg, workdir)
-  cells = _train_cells(cfg, run_cfg, methods, grid, params0, workdir)
+  total = len(methods) * len(grid or [None]) * len(cfg.seeds)
+  report = lambda cells, done=None: _report(cfg, methods, grid, baseline, sft_info, cells,
+                                            workdir, time.time() - t0, done, total)
+
+  def progress(cells, done):
+    if done < total:  # after the last run: the final report
+      report(cells, done)
+
+  cells = _train_cells(cfg, run_cfg, methods, grid, params0, workdir, on_run=progress)
+  return report(cells)
+
+
+def _report(cfg, methods, grid, baseline, sft_info, cells, workdir: str, wall_s: float,
+            done, total: int) -> dict:
+  """The summary of the runs in `cells`, written (plots, summary.json) and its table printed;
+  `done` runs of `total` (None: the comparison's end) are named in a partial summary."""
+  methods = [m for m in methods if any((m, lr) in cells for lr in grid or [None])]
   lr_summary, best = _best_lr(cells, methods, grid)
-  results = {m: cells[m, best[m]][0] for m in methods}
+  results = {m: [dict(s) for s in cells[m, best[m]][0]] for m in methods}
   rows = {m: cells[m, best[m]][1] for m in methods}
   matched = _matched_tokens(cfg, results, rows)
   label = lambda m: m if best[m] is None else f'{m} lr={best[m]:g}'
@@ -205,7 +227,7 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
       f'{cfg.task.name} {dict(cfg.task.kwargs)}: {cfg.rl.steps} steps x '
       f'{cfg.rl.prompts_per_step} prompts, seeds {tuple(cfg.seeds)}'
       f'{", best lr of " + str(tuple(grid)) if grid else ""}')) if writer else []
-  summary = dict(sft=sft_info, methods=results, total_wall_s=time.time() - t0, plots=paths,
+  summary = dict(sft=sft_info, methods=results, total_wall_s=wall_s, plots=paths,
                  task=cfg.task.name, rollouts_per_run={m: cfg.rl.steps * cfg.rl.prompts_per_step *
                                                    results[m][0]['group_size'] for m in results},
                  matched_tokens=matched, lr_grid=lr_summary,
@@ -213,10 +235,14 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
                      't: mean ± t_{n-1,0.975} sd/sqrt(n); bootstrap: 2.5/97.5 % percentiles of '
                      '10,000 resampled mean differences (seed 0); n = 1: nan ends'),
                      by_method=paired_stats(results, baseline)))
-  if writer:
-    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump(summary, f, indent=1)
-  print(format_table(summary, cfg.eval.pass_k))
+  if done is not None:
+    summary['partial'] = dict(runs_done=done, runs_total=total)
+  if writer:  # atomic: a reader mid-comparison sees the previous summary or this one
+    metrics_io.write_atomic(os.path.join(workdir, 'summary.json'),
+                            json.dumps(summary, indent=1).encode())
+  if done is not None:
+    print(f'\nAfter {done} of {total} runs (summary.json and plots so far in {workdir}):')
+  print(format_table(summary, cfg.eval.pass_k), flush=True)
   return summary
 
 
@@ -233,8 +259,9 @@ def _start(cfg, run_cfg, workdir: str):
   return params0, sft_info
 
 
-def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str) -> dict:
-  """{(method, lr or None): ([run summaries], [metric rows])}: every method x lr x seed."""
+def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str, on_run=None) -> dict:
+  """{(method, lr or None): ([run summaries], [metric rows])}: every method x lr x seed;
+  `on_run(cells so far, runs done)` after each run."""
   cells = {}
   for method in methods:
     g = loop.group_size(loop.with_method(cfg, method).sampler)
@@ -256,21 +283,24 @@ def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str) -> dict:
         rws.append(rows)
         print(f'  {method:>20s}{f" lr {lr:g}" if lr is not None else ""} seed {seed}: final acc '
               f'{s["final_acc"]:.3f} (peak {s["peak_acc"]:.3f}), {s["wall_s"]:.1f} s', flush=True)
+        if on_run is not None:
+          on_run(cells, sum(len(runs) for runs, _ in cells.values()))
   return cells
 
 
 def _best_lr(cells, methods, grid):
   """(the lr grid's summary or None, {method: its best lr or None}): best by mean final
-  accuracy over seeds, ties to the first in the grid."""
+  accuracy over seeds, ties to the first in the grid (of the lrs in `cells`: all at the end)."""
   if not grid:
     return None, {m: None for m in methods}
+  ran = lambda m: [lr for lr in grid if (m, lr) in cells]
   score = lambda m, lr: np.nan_to_num(np.mean([r['final_acc'] for r in cells[m, lr][0]]),
                                       nan=-np.inf)
-  best = {m: max(grid, key=lambda lr: score(m, lr)) for m in methods}
+  best = {m: max(ran(m), key=lambda lr: score(m, lr)) for m in methods}
   return dict(grid=grid, selected_by='mean final greedy_acc over seeds', best=best, runs={
       m: {f'{lr:g}': dict(final_acc_mean=float(np.mean(a := [r['final_acc'] for r in cells[m, lr][0]])),
                           final_acc_std=float(np.std(a)), final_acc=a)
-          for lr in grid} for m in methods}), best
+          for lr in ran(m)} for m in methods}), best
 
 
 def _matched_tokens(cfg, results, rows) -> dict:
@@ -327,7 +357,8 @@ def format_table(summary, pass_k) -> str:
         f'{np.mean(get("sampled_tokens_per_s")):>10.0f} {np.mean(get("train_tokens_per_s")):>11.0f} '
         f'{100 * np.mean(get("credit_frac")):>8.2f}')
   sft = summary['sft']
-  lines.append(f'(mean±std over {len(next(iter(summary["methods"].values())))} seeds; '
+  n = sorted({len(runs) for runs in summary['methods'].values()})  # differ only in a partial one
+  lines.append(f'(mean±std over {n[0] if len(n) == 1 else f"{n[0]}-{n[-1]}"} seeds; '
                f'{"start" if "source" in sft else "SFT start"}: acc {sft["greedy_acc"]:.3f}; total {summary["total_wall_s"]:.0f} s; '
                f'gen tok: generated tokens per run, forks\' copied prefixes excluded; '
                f'{at}: at the largest generated-token budget every run reached)')
@@ -360,8 +391,9 @@ def format_table(summary, pass_k) -> str:
     for m, cells in grid['runs'].items():
       cell = lambda lr, c: (('*' if lr == grid['best'][m] else '') +
                             f'{c["final_acc_mean"]:.3f}±{c["final_acc_std"]:.3f}')
-      lines.append(f'{m:>26} ' + ' '.join(f'{cell(lr, c):>13}'
-                                          for lr, c in zip(grid['grid'], cells.values())))
+      show = lambda lr: (cell(lr, cells[f'{lr:g}']) if f'{lr:g}' in cells
+                         else '-')  # not run yet (a partial summary)
+      lines.append(f'{m:>26} ' + ' '.join(f'{show(lr):>13}' for lr in grid['grid']))
   return '\n'.join(lines)
 
 

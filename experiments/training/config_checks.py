@@ -23,7 +23,7 @@ SAMPLERS = default_config.SAMPLERS
 # Free-form dicts, validated by credit / envs / the agent problem themselves.
 FREE_DICTS = ('credit.hparams', 'task.kwargs', 'agent.lm_aliases')
 NOT_FINGERPRINTED = ('quick', 'seeds', 'methods', 'progress', 'eval', 'rl.steps',
-                     'rl.ckpt_every', 'mesh')
+                     'rl.ckpt_every', 'mesh', 'log')
 # The sampler fields each sampler reads; the others are not part of a run's fingerprint,
 # so runs of different scripts that differ only in unused sampler settings can share a workdir.
 SAMPLER_FIELDS = {name: s.fields for name, s in samplers.REGISTRY.items()}

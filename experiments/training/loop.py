@@ -74,6 +74,8 @@ def train(cfg, workdir: str, init_params, method: Optional[str] = None, seed: in
   except KeyboardInterrupt:
     _interrupted(run, mngr, carry, writer, workdir)
     raise
+  finally:
+    writer.close()  # the metric sinks (TensorBoard, W&B; JSONL needs none)
   mngr.close()
   return run_context.summary(run, carry, workdir)
 

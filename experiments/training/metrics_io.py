@@ -24,9 +24,10 @@ def state_metrics(credit_state) -> dict:
 
 
 class MetricsWriter:
-  """Appends JSON lines, each with one write + flush + fsync (a crash can cut at most the
-  last line, which `read_metrics` then drops); on resume keeps the rows up to the restored
-  step, rewritten atomically (a temporary file, fsynced, then os.replace).
+  """The JSONL metrics sink (always on, `tracking.open_sinks`). Appends JSON lines, each with
+  one write + flush + fsync (a crash can cut at most the last line, which `read_metrics` then
+  drops); on resume keeps the rows up to the restored step, rewritten atomically (a temporary
+  file, fsynced, then os.replace).
 
   `rows`: the kept rows (read on every process; process 0 alone writes the file).
   """
@@ -46,7 +47,7 @@ class MetricsWriter:
     if not self.enabled:
       return
     os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)
-    _write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in self.rows).encode())
+    write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in self.rows).encode())
 
   def write(self, row: dict):
     if not self.enabled:
@@ -58,8 +59,11 @@ class MetricsWriter:
         view = view[f.write(view):]
       os.fsync(f.fileno())
 
+  def close(self):
+    """Nothing to do: every row is on disk once `write` returns (the `tracking.Sink` interface)."""
 
-def _write_atomic(path: str, data: bytes):
+
+def write_atomic(path: str, data: bytes):
   """Replaces `path` by `data` so a crash leaves the old file or the new one, never a mix."""
   tmp = f'{path}.tmp{os.getpid()}'
   with open(tmp, 'wb') as f:

@@ -14,13 +14,14 @@ import jax.numpy as jnp
 import credit
 from experiments.training import passes as passes_lib
 from experiments.training import samplers
+from experiments.training import tracking
 from experiments.training import train_step as ts
 from experiments.training.checkpoints import restore_checkpoint, save_checkpoint
 from experiments.training.config_checks import (check_config, fingerprint, loss_config,
                                                 run_config)
 from experiments.training.forward import credit_fn, packing_applies
 from experiments.training.methods import with_method
-from experiments.training.metrics_io import MetricsWriter, read_metrics, summarize
+from experiments.training.metrics_io import read_metrics, summarize
 from experiments.training.problems import build_problem
 
 
@@ -94,7 +95,8 @@ def build(cfg, init_params, method=None, seed: int = 0) -> Run:
 
 
 def start(run: Run, mngr, metrics_path: str):
-  """(carry, the starting row's extra fields, the metrics writer): the newest intact
+  """(carry, the starting row's extra fields, the metrics sinks of cfg.log, JSONL first,
+  for the caller to close: `tracking.open_sinks`): the newest intact
   checkpoint's state and loop state, or a fresh one (the passes' start hooks run: InT's
   phase). The carry's totals continue from the metric rows kept (a torn final line dropped)."""
   o = run.cfg.optimizer
@@ -120,7 +122,9 @@ def start(run: Run, mngr, metrics_path: str):
       phase.update(info)
   carry = passes_lib.Carry(state=ts.shard_state(state, run.mesh), aux=aux, step=step,
                            t_start=time.time() - wall0)
-  writer = MetricsWriter(metrics_path, step if restored is not None else None)
+  writer = tracking.open_sinks(run.cfg, metrics_path, step if restored is not None else None,
+                               name=f'{run.method}/seed{run.seed}', group=run.method,
+                               config=dict(run.flat, method=run.method, seed=run.seed))
   rows = writer.rows  # the rows up to the restored step
   carry.totals = dict(
       generated=max([r.get('generated_tokens_total', 0.0) for r in rows] + [0.0])
