@@ -1,13 +1,14 @@
 """Lists the registered estimators: `python -m credit [--family F] [--needs KEY] [NAME ...]`.
 
-NAME (or a verl alias) prints that method in full; `--markdown` prints docs/methods.md.
+NAME (or a verl alias) prints that method in full; `--markdown` prints docs/methods.md,
+`--coverage` docs/coverage.md (seed id -> method -> implemented / stand-in / partial / not).
 """
 
 import argparse
 import sys
 
 import credit  # noqa: F401  (registers the estimators)
-from credit import catalogue
+from credit import catalogue, seed_coverage
 
 
 def _full(m: catalogue.Method) -> str:
@@ -28,9 +29,14 @@ def main(argv=None) -> int:
   parser.add_argument('--family', help='only this family (outcome, tree, agent, ...)')
   parser.add_argument('--needs', help='only estimators that need this Rollouts/Turns field')
   parser.add_argument('--markdown', action='store_true', help='print docs/methods.md')
+  parser.add_argument('--coverage', action='store_true',
+                      help='print docs/coverage.md (the seed methods and their status)')
   args = parser.parse_args(argv)
   if args.markdown:
     print(catalogue.markdown())
+    return 0
+  if args.coverage:
+    print(seed_coverage.markdown(), end='')
     return 0
   if args.names:
     print('\n\n'.join(_full(catalogue.entry(n)) for n in args.names))
