@@ -128,7 +128,7 @@ def start(run: Run, mngr, metrics_path: str):
   rows = writer.rows  # the rows up to the restored step
   carry.totals = dict(
       generated=max([r.get('generated_tokens_total', 0.0) for r in rows] + [0.0])
-      + phase.get('intervention_generated_tokens', 0.0),  # InT's phase samples
+      + sum(phase.get(p.start_tokens, 0.0) for p in run.passes if p.start_tokens),
       env_steps=max([r.get('env_steps_total', 0.0) for r in rows] + [0.0]))
   return carry, phase, writer
 

@@ -58,6 +58,8 @@ class Pass:
   provides: tuple = ()
   sampler: Optional[str] = None
   state_key: Optional[str] = None
+  # The field of `start`'s metrics that counts tokens it sampled (added to the run's total).
+  start_tokens: Optional[str] = None
 
   @classmethod
   def applies(cls, cfg, needs) -> bool:

@@ -20,6 +20,7 @@ def _check_interventions(cfg, caps, what: str):
 class InterventionPhase(Pass):
   """InT: fine-tunes on fixed failures' interventions before step 0 of a fresh run."""
   provides = ('interventions',)
+  start_tokens = 'intervention_generated_tokens'
 
   @classmethod
   def check(cls, cfg, needs, kind, caps):
