@@ -1,6 +1,21 @@
-"""Wall-clock saving of `sample_tree_fixed` against `sample_iid` at equal G, vs the ideal.
+"""Wall-clock saving of `sample_tree_fixed` against `sample_iid` at equal G, vs the ideal;
+and (--case layouts) the i.i.d. sampler's cache layouts, 'cascade' against 'rows'.
 
 Run: python -m experiments.bench_sampling [--batches 64,256] [--repeats 11]
+     python -m experiments.bench_sampling --case layouts [--models smollm2,toy]
+         [--prompt_lens 512] [--groups 4,8,16] [--num_prompts 2] [--length 16] [--repeats 3]
+
+Layouts (issue 41; `sampling.LAYOUTS`): 'rows' repeats each prompt's KV cache for its G
+responses (each decode step reads the prompt G times), 'cascade' keeps it once
+(`decoder.cascade_attention`, Hydragen). Both samplers run with the same key, random
+params, no EOS (every row decodes L tokens); their stages are timed apart (prefill
+`_start`, decode `_decode`) after a first compiling call, each repeat running both layouts
+back to back, order alternating. Printed: median stage times, sampled tokens/s of the
+whole sampler (B * G * L / (prefill + decode)) and of the decode alone, the ratios
+cascade / rows of both (> 1: cascade is faster; medians of per-repeat ratios) and the rows
+whose tokens differ (a float tie flipped a draw; random weights give flat distributions
+over the vocabulary, where ties are common).
+'smollm2' is SmolLM2-135M's shape (`aot.MODELS`, float32), 'toy' the decoder's default.
 
 Both samplers produce G = prod(branching) responses of L = response_len tokens
 per prompt on the toy policy (`decoder.PolicyConfig` defaults, random params,
@@ -91,15 +106,92 @@ def bench(batch, branching=(2, 2, 2), segment_len=8, length=24, prompt_len=8, re
               ratio1=measured1 / ideal, t_iid=t['iid'], t_iid1=t['iid1'], t_tree=t['tree'])
 
 
+def layout_config(model: str, max_len: int):
+  """The PolicyConfig of a benchmark model: 'smollm2' (SmolLM2-135M's shape) or 'toy'."""
+  if model == 'toy':
+    return decoder.PolicyConfig(vocab_size=16, max_len=max_len)
+  from experiments.training import aot
+  return aot.model_config({'smollm2': 'smollm2-135m'}.get(model, model), max_len=max_len)[0]
+
+
+def bench_layouts(model='smollm2', prompt_len=512, group=8, num_prompts=2, length=16,
+                  repeats=3, seed=0):
+  """Times `sample_iid`'s stages with layout 'rows' and 'cascade' -> dict of medians, ratios."""
+  cfg = layout_config(model, prompt_len + length)
+  params = jax.jit(decoder.init_params, static_argnums=1)(jax.random.PRNGKey(seed), cfg)
+  prompts = jax.random.randint(jax.random.PRNGKey(seed + 1), (num_prompts, prompt_len), 0,
+                               cfg.vocab_size)
+  plen = jnp.full((num_prompts,), prompt_len, jnp.int32)
+  u = sampling._uniforms_jit(jax.random.PRNGKey(seed + 2), jnp.arange(num_prompts),
+                             jnp.arange(group), length=length)
+  knobs = dict(temperature=jnp.float32(1.0), top_k=jnp.int32(0), top_p=jnp.float32(1.0))
+
+  def run(layout):
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(sampling._start(params, prompts, u, plen, cfg=cfg, pad_id=0,
+                                                  layout=layout))
+    t1 = time.perf_counter()
+    out = jax.block_until_ready(sampling._decode(params, state, length, knobs, cfg=cfg,
+                                                 eos_id=None))
+    return out, (t1 - t0, time.perf_counter() - t1)
+
+  layouts = ('rows', 'cascade')
+  first = {lay: run(lay)[0] for lay in layouts}  # compiles
+  # Rows whose tokens differ: a float tie flipped a draw (frequent with random weights'
+  # flat distributions over a large vocabulary); the timings do not depend on the tokens.
+  flips = int(np.any(first['rows'].tokens != first['cascade'].tokens, axis=-1).sum())
+  times = {lay: [] for lay in layouts}
+  for i in range(repeats):
+    for lay in layouts[::1 if i % 2 else -1]:
+      times[lay].append(run(lay)[1])
+  t = {lay: np.array(ts) for lay, ts in times.items()}  # [repeats, (prefill, decode)]
+  tokens = num_prompts * group * length
+  whole = t['rows'].sum(1) / t['cascade'].sum(1)
+  return dict(prefill={lay: np.median(x[:, 0]) for lay, x in t.items()},
+              decode={lay: np.median(x[:, 1]) for lay, x in t.items()},
+              tok_s={lay: tokens / np.median(x.sum(1)) for lay, x in t.items()},
+              decode_tok_s={lay: tokens / np.median(x[:, 1]) for lay, x in t.items()},
+              ratio=np.median(whole), decode_ratio=np.median(t['rows'][:, 1] / t['cascade'][:, 1]),
+              flips=flips)
+
+
+def main_layouts(a):
+  print(f'layouts rows vs cascade: B={a.num_prompts} L={a.length} repeats={a.repeats} '
+        f'backend={jax.default_backend()} devices={jax.device_count()}')
+  print(f'{"model":>8} {"P":>5} {"G":>3} | {"prefill s":>9} | {"decode s rows":>13} '
+        f'{"cascade":>8} | {"tok/s rows":>10} {"cascade":>8} {"ratio":>6} | '
+        f'{"decode tok/s rows":>17} {"cascade":>8} {"ratio":>6} | flipped rows')
+  for model in a.models.split(','):
+    for p in (int(x) for x in a.prompt_lens.split(',')):
+      for g in (int(x) for x in a.groups.split(',')):
+        r = bench_layouts(model, p, g, a.num_prompts, a.length, a.repeats)
+        print(f'{model:>8} {p:>5} {g:>3} | {r["prefill"]["cascade"]:>9.2f} | '
+              f'{r["decode"]["rows"]:>13.2f} {r["decode"]["cascade"]:>8.2f} | '
+              f'{r["tok_s"]["rows"]:>10.1f} {r["tok_s"]["cascade"]:>8.1f} {r["ratio"]:>6.2f} | '
+              f'{r["decode_tok_s"]["rows"]:>17.1f} {r["decode_tok_s"]["cascade"]:>8.1f} '
+              f'{r["decode_ratio"]:>6.2f} | {r["flips"]}/{a.num_prompts * g}', flush=True)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--case', default='tree', choices=('tree', 'layouts'),
+                  help="'tree': tree vs iid (the flags below); 'layouts': cascade vs rows")
+  ap.add_argument('--models', default='smollm2,toy', help='layouts: smollm2, toy')
+  ap.add_argument('--prompt_lens', default='512', help='layouts: prompt lengths')
+  ap.add_argument('--groups', default='4,8,16', help='layouts: G values')
+  ap.add_argument('--num_prompts', type=int, default=2, help='layouts: B')
   ap.add_argument('--batches', default='64,256')
   ap.add_argument('--branching', default='2,2,2')
   ap.add_argument('--segment_len', type=int, default=8)
-  ap.add_argument('--length', type=int, default=24)
+  ap.add_argument('--length', type=int, default=None, help='L (default 24; layouts 16)')
   ap.add_argument('--prompt_len', type=int, default=8)
-  ap.add_argument('--repeats', type=int, default=11)
+  ap.add_argument('--repeats', type=int, default=None, help='default 11; layouts 3')
   a = ap.parse_args()
+  layouts = a.case == 'layouts'
+  a.length = a.length or (16 if layouts else 24)
+  a.repeats = a.repeats or (3 if layouts else 11)
+  if layouts:
+    return main_layouts(a)
   branching = tuple(int(x) for x in a.branching.split(','))
   print(f'branching={branching} segment_len={a.segment_len} L={a.length} P={a.prompt_len} '
         f'G={math.prod(branching)} repeats={a.repeats} backend={jax.default_backend()}')

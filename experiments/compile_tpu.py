@@ -18,6 +18,11 @@ status 1.
 --model: a built-in shape (toy, smollm2-135m, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b) or a
 Hugging Face config.json (file or directory). The mesh is ('data', 'fsdp', 'model') with
 --fsdp and --model_axis (tensor parallelism; default 1), data the remaining devices.
+--decode_layout: the sampler's KV cache layout (`sampling.LAYOUTS`; default the sampler's,
+'cascade': each prompt once; 'rows': a whole cache per response, as before issue 41).
+--sampler_only: compile only the i.i.d. sampler's prefill and decode, for both layouts
+(`sampler_report`): per-device decode memory, XLA's bytes accessed by one decode step and
+the decode's analytic HBM bytes and roofline, rows against cascade.
 """
 
 import argparse
@@ -25,6 +30,21 @@ import sys
 import time
 
 from experiments.training import aot
+
+
+def use_layout(layout: str):
+  """Makes the sampler's prefill stage (`sampling._start`, which `aot.compile_sampler`
+  compiles) build the KV cache in `layout`, for this process."""
+  import functools
+  import jax
+  from experiments.rollouts import sampling
+
+  @functools.partial(jax.jit, static_argnames=('cfg', 'pad_id'))
+  def start(params, prompts, uniforms, prompt_len, *, cfg, pad_id):
+    return sampling.start(params, cfg, prompts, uniforms, prompt_len=prompt_len, pad_id=pad_id,
+                          layout=layout)
+  sampling._start = start
+  sampling.DEFAULT_LAYOUT = layout
 
 
 def main(argv=None) -> 'aot.Result':
@@ -68,7 +88,13 @@ def main(argv=None) -> 'aot.Result':
                   help='compute dtype (params stay float32)')
   ap.add_argument('--remat', action='store_true', help='recompute blocks in the backward pass')
   ap.add_argument('--quiet', action='store_true', help='no per-stage progress lines')
+  ap.add_argument('--decode_layout', default=None, choices=('cascade', 'rows'),
+                  help="sampler KV cache layout (default: the sampler's, 'cascade')")
+  ap.add_argument('--sampler_only', action='store_true',
+                  help='compile the i.i.d. prefill and decode only, rows vs cascade')
   a = ap.parse_args(argv)
+  if a.decode_layout is not None:
+    use_layout(a.decode_layout)
 
   import jax.numpy as jnp
   t0 = time.perf_counter()
@@ -87,6 +113,10 @@ def main(argv=None) -> 'aot.Result':
       compile_flat=not a.no_flat)
   for n in notes:
     print('note:', n)
+  if a.sampler_only:
+    print(sampler_report(cfg, shape, topo))
+    print(f'wall time {time.perf_counter() - t0:.1f} s')
+    return None
   result = aot.compile_rl_step(cfg, shape, topo, verbose=not a.quiet)
   print(aot.format_report(result))
   print(f'wall time {time.perf_counter() - t0:.1f} s')
@@ -95,8 +125,66 @@ def main(argv=None) -> 'aot.Result':
 
 
 def cli(argv=None) -> int:
-  """Exit status: 0 if the step fits in 90% of HBM, else 1."""
-  return 0 if aot.step_summary(main(argv))['fits'] else 1
+  """Exit status: 0 if the step fits in 90% of HBM (or --sampler_only), else 1."""
+  result = main(argv)
+  return 0 if result is None or aot.step_summary(result)['fits'] else 1
+
+
+def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
+  """Compiles `sampling._start` and `sampling._decode` (i.i.d.) for each layout on the
+  topology's mesh, as `aot.compile_sampler` does; one line per layout (see --sampler_only).
+
+  peak: the decode program's arguments + temporaries + outputs - aliased, plus the optimizer
+  state and reference params the loop holds meanwhile. step bytes: XLA's 'bytes accessed'
+  of the decode program, which counts its while loop's body (one step) once.
+  """
+  import math
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from experiments.rollouts import sampling
+  mesh = aot.make_mesh(topo, shape.fsdp, shape.model)
+  state = aot.abstract_state(cfg, mesh)
+  params = state.params
+  # Held while sampling (as `aot.Compiler`'s outside bytes): optimizer state, reference params.
+  held = aot.chip_bytes((state.opt_state, state.step, state.rng)) + (
+      aot.chip_bytes(params) if shape.ref else 0)
+  param_bytes = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+                    for x in jax.tree.leaves(params))
+  b, l, g = shape.num_prompts, shape.response_len, shape.group_size
+  rep = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
+  prompts = jax.ShapeDtypeStruct((b, shape.prompt_len), jnp.int32,
+                                 sharding=aot.rows_sharding(mesh, b))
+  plen = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=aot.rows_sharding(mesh, b))
+  u = rep((b, g, l), jnp.float32)
+  knobs = dict(temperature=rep((), jnp.float32), top_k=rep((), jnp.int32),
+               top_p=rep((), jnp.float32))
+  gib = 2.0 ** 30
+  lines = [f'i.i.d. sampler on {topo.name}, mesh {dict(mesh.shape)}: {b} prompts x G {g}, '
+           f'prompt {shape.prompt_len} + response {l}, {np.dtype(cfg.dtype).name}; per device:',
+           f'  {"layout":8s} {"cache GiB":>9s} {"args":>6s} {"temp":>6s} {"out":>6s} '
+           f'{"peak GiB":>8s} {"step bytes":>10s} {"decode HBM B":>12s} {"roofline s":>10s} '
+           f'{"compile s":>9s}']
+  for layout in sampling.LAYOUTS:
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+      start = sampling._start.lower(params, prompts, u, plen, cfg=cfg, pad_id=0,
+                                    layout=layout).compile()
+      st = aot.plain(start.out_info)
+      dec = sampling._decode.lower(params, st, l, knobs, cfg=cfg, eos_id=shape.eos_id).compile()
+    mem = dec.memory_analysis()
+    cost = dec.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
+            - mem.alias_size_in_bytes + held)
+    hbm = aot.decode_hbm_bytes(cfg, shape, mesh, param_bytes, layout)
+    lines.append(f'  {layout:8s} {aot.chip_bytes(st.cache) / gib:9.3f} '
+                 f'{mem.argument_size_in_bytes / gib:6.2f} {mem.temp_size_in_bytes / gib:6.2f} '
+                 f'{mem.output_size_in_bytes / gib:6.2f} {peak / gib:8.2f} '
+                 f'{cost.get("bytes accessed", float("nan")):10.3e} {hbm:12.3e} '
+                 f'{hbm / topo.device_bandwidth:10.3f} {time.perf_counter() - t0:9.1f}')
+  return '\n'.join(lines)
 
 
 if __name__ == '__main__':

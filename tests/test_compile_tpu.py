@@ -199,8 +199,9 @@ def test_report_and_a_step_that_does_not_fit(compiled):
   (logits,) = aot.known_arrays(r, 'logprobs')  # packed: the groups' slots on one device
   assert logits[1] == (-(-b // n), r.pack_len, 512 // m)
   assert logits[2] == 4 * math.prod(logits[1])
-  (cache,) = aot.known_arrays(r, 'sample')
-  assert cache[1] == (2, 2, r.shape.rows // n, PROMPT + RESPONSE, 8 // m, 128)
+  prefix, own = aot.known_arrays(r, 'sample')  # cascade: each prompt once, each row's own
+  assert prefix[1] == (2, 2, -(-b // n), PROMPT, 8 // m, 128)
+  assert own[1] == (2, 2, r.shape.rows // n, RESPONSE, 8 // m, 128)
 
 
 def test_out_of_memory_stage_is_recorded_not_raised():

@@ -340,9 +340,9 @@ def test_prefill_once_and_no_prefix_recompute(params, monkeypatch):
   calls = []
   apply = decoder.apply
 
-  def spy(p, cfg, tokens, positions, cache=None):
+  def spy(p, cfg, tokens, positions, *rest):
     calls.append(tokens.shape)
-    return apply(p, cfg, tokens, positions, cache)
+    return apply(p, cfg, tokens, positions, *rest)
 
   monkeypatch.setattr(decoder, 'apply', spy)
   kw = dict(eos_id=EOS, pad_id=PAD)

@@ -168,9 +168,12 @@ def check_sampler(params, placed, mesh):
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
   _close(got.logprobs, want.logprobs, what='sampled log-probs')
   want_cache = NamedSharding(mesh, P(None, ('data', 'fsdp'), None, 'model', None))
-  for x in (state.cache.k, state.cache.v):
+  for x, shape in ((state.cache.k, (2, B * G // 4, RESPONSE, 1, 16)),
+                   (state.cache.v, (2, B * G // 4, RESPONSE, 1, 16)),
+                   (state.cache.prefix_k, (2, B // 4, PROMPT, 1, 16)),
+                   (state.cache.prefix_v, (2, B // 4, PROMPT, 1, 16))):
     assert x.sharding.is_equivalent_to(want_cache, 5), x.sharding
-    assert x.addressable_shards[0].data.shape == (2, B * G // 4, CFG.max_len, 1, 16)
+    assert x.addressable_shards[0].data.shape == shape  # each group's prompt held once
 
 
 def main():

@@ -115,6 +115,32 @@ def init_cache(cfg: PolicyConfig, batch_size: int) -> KVCache:
   return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype))
 
 
+@struct.dataclass
+class CascadeCache:
+  """Two-level KV cache of groups of rows that share a prefix (Hydragen, arXiv 2402.05099).
+
+  `prefix_k` / `prefix_v` [num_layers, B, P, K, Dh] hold B prefixes once (slot j =
+  position j); `k` / `v` [num_layers, B * G, L, K, Dh] each row's own tokens, row
+  b * G + g reading prefix b. A call passes `start` [B * G], each row's first own
+  position: the row sees prefix slots < start and its slot i holds position start + i.
+  """
+  prefix_k: jax.Array
+  prefix_v: jax.Array
+  k: jax.Array
+  v: jax.Array
+
+
+def init_cascade_cache(cfg: PolicyConfig, num_prefixes: int, prefix_len: int, rows: int,
+                       row_len: int) -> CascadeCache:
+  """Zero `CascadeCache`: num_prefixes x prefix_len shared slots, rows x row_len own ones."""
+  if rows % num_prefixes:
+    raise ValueError(f'{rows} rows do not split into groups of {num_prefixes} prefixes')
+  pre = (cfg.num_layers, num_prefixes, prefix_len, cfg.kv_heads, cfg.head_dim)
+  own = (cfg.num_layers, rows, row_len, cfg.kv_heads, cfg.head_dim)
+  return CascadeCache(prefix_k=jnp.zeros(pre, cfg.dtype), prefix_v=jnp.zeros(pre, cfg.dtype),
+                      k=jnp.zeros(own, cfg.dtype), v=jnp.zeros(own, cfg.dtype))
+
+
 # How activations are laid out on the loop's mesh ('data', 'fsdp', 'model';
 # `train_step.make_mesh`), as logical axis -> mesh axes (MaxText style): rows over
 # ('data', 'fsdp') where they divide (fsdp: each device runs its rows with gathered
@@ -285,6 +311,49 @@ def causal_attention(q, k, v, positions, cfg: 'PolicyConfig'):
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
+def _attention_part(scores, values, visible, cfg: 'PolicyConfig', spec: str):
+  """One part of a split softmax: (sum_s e_s v_s, row max m, sum_s e_s), e_s =
+  exp(score_s - m) over visible keys; scores [..., S] f32, `spec` the einsum of e and
+  values. A part with no visible key has m = finfo.min and vanishes in the merge."""
+  scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
+  m = jnp.max(scores, axis=-1, keepdims=True)
+  e = jnp.exp(scores - m)
+  out = jnp.einsum(spec, e.astype(cfg.dtype), values, preferred_element_type=jnp.float32)
+  return out, m, jnp.sum(e, axis=-1, keepdims=True)
+
+
+def cascade_attention(q, prefix_k, prefix_v, keys, values, start, slots, cfg: 'PolicyConfig'):
+  """Attention of rows over their group's shared prefix and their own keys (Hydragen,
+  arXiv 2402.05099, sec. 3): q [R, T, H, Dh] of rows r = b * G + g, prefix_k / prefix_v
+  [B, P, K, Dh], keys / values [R, L, K, Dh] (the rows' own slots), start [R] (prefix
+  slots < start[r] are visible to row r), slots [R, T] (the queries' own slots; own slots
+  <= a query's are visible) -> [R, T, H, Dh].
+
+  The prefix part is one batched matmul per (prefix, kv head) over the G * T * H / K
+  queries that share it, so each prefix is read once, not G times. The two parts merge
+  exactly through their row maxima and sums (log-sum-exp): o = (a_p o_p + a_s o_s) /
+  (a_p l_p + a_s l_s), a = exp(m - max(m_p, m_s)). Equals `attention` over the
+  concatenated keys up to float rounding.
+  """
+  r, t = q.shape[:2]
+  b, p = prefix_k.shape[:2]
+  g, kh, rep, dh = r // b, cfg.kv_heads, cfg.num_heads // cfg.kv_heads, cfg.head_dim
+  scale = jnp.sqrt(jnp.float32(dh))
+  qg = q.reshape(b, g, t, kh, rep, dh)  # Query head = kv head * rep + r, as `attention`.
+  s_p = jnp.einsum('bgtkrd,bpkd->bgtkrp', qg, prefix_k).astype(jnp.float32) / scale
+  vis_p = (jnp.arange(p) < start[:, None]).reshape(b, g, 1, 1, 1, p)
+  o_p, m_p, l_p = _attention_part(s_p, prefix_v, vis_p, cfg, 'bgtkrp,bpkd->bgtkrd')
+  qr = qg.reshape(r, t, kh, rep, dh)
+  s_s = jnp.einsum('rtkqd,rskd->rtkqs', qr, keys).astype(jnp.float32) / scale
+  vis_s = (jnp.arange(keys.shape[1]) <= slots[..., None])[:, :, None, None]
+  o_s, m_s, l_s = _attention_part(s_s, values, vis_s, cfg, 'rtkqs,rskd->rtkqd')
+  o_p, m_p, l_p = (x.reshape((r,) + x.shape[2:]) for x in (o_p, m_p, l_p))
+  m = jnp.maximum(m_p, m_s)
+  a_p, a_s = jnp.exp(m_p - m), jnp.exp(m_s - m)
+  out = (a_p * o_p + a_s * o_s) / (a_p * l_p + a_s * l_s)
+  return out.reshape(r, t, cfg.num_heads, dh).astype(cfg.dtype)
+
+
 def block_attention(q, k, v, pair_q, pair_k, mask, cfg: 'PolicyConfig'):
   """Block-sparse softmax attention over a sorted list of block pairs.
 
@@ -434,20 +503,58 @@ class PackedAttention:
   block_mask: Optional[jax.Array] = None
 
 
+def cached_attention(q, k, v, positions, cache, layer, start, cfg: 'PolicyConfig'):
+  """(attention output [B, T, H, Dh], cache) of one layer's call; see `Block`.
+
+  No cache: within the call. A `KVCache` with n > 1 times the call's rows (a
+  `prefill`'s): each row's keys and values go to slots [0, T) of n rows, the call attends
+  within itself. A `KVCache` of the call's rows: write at `positions`, attend over all
+  slots. A `CascadeCache` without `start`: the call's rows are its prefixes, written at
+  slots [0, T) (a prefill), attending within the call; with `start` [B]: the rows' own
+  keys written at slots positions - start, `cascade_attention` over prefix and own slots.
+  Caches [layers, rows, slots, K, Dh] keep rows over ('data', 'fsdp'), kv heads over 'model'.
+  """
+  if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
+    return causal_attention(q, k, v, positions, cfg), None
+  put = lambda c, a, n: jax.lax.dynamic_update_slice(  # slots [0, T) of n copies of rows
+      c, jnp.repeat(a.astype(c.dtype), n, axis=0, total_repeat_length=c.shape[1])[None],
+      (layer, 0, 0, 0, 0))
+  rows = jnp.arange(q.shape[0])[:, None]
+  set_ = lambda c, a, slots: c.at[layer, rows, slots].set(a.astype(c.dtype))
+  place = lambda c: jax.tree.map(lambda x: constrain(x, (None, 'rows', None, 'kv_heads', None)),
+                                 c)
+  if isinstance(cache, CascadeCache) and start is None:
+    cache = cache.replace(prefix_k=put(cache.prefix_k, k, 1), prefix_v=put(cache.prefix_v, v, 1))
+    return causal_attention(q, k, v, positions, cfg), place(cache)
+  if isinstance(cache, CascadeCache):
+    slots = positions - start[:, None]
+    cache = place(cache.replace(k=set_(cache.k, k, slots), v=set_(cache.v, v, slots)))
+    return cascade_attention(q, cache.prefix_k[layer], cache.prefix_v[layer], cache.k[layer],
+                             cache.v[layer], start, slots, cfg), cache
+  if cache.k.shape[1] != q.shape[0]:  # n = cache rows / call rows; a prefill starts at 0
+    n = cache.k.shape[1] // q.shape[0]
+    cache = KVCache(k=put(cache.k, k, n), v=put(cache.v, v, n))
+    return causal_attention(q, k, v, positions, cfg), place(cache)
+  cache = KVCache(k=set_(cache.k, k, positions), v=set_(cache.v, v, positions))
+  visible = jnp.arange(cache.k.shape[2])[None, None, :] <= positions[:, :, None]
+  return attention(q, cache.k[layer], cache.v[layer], visible, cfg), place(cache)
+
+
 class Block(nn.Module):
   """Pre-norm decoder block, scanned over layers.
 
   carry = (x [B, T, D], cache or None, layer index); updates that layer's slice of
-  the stacked cache in place (a dynamic update on the carried buffer). A cache with
-  n > 1 times the call's rows is a `prefill`'s: each row's keys and values go to n
-  rows. With `pack` (a `PackedAttention`, no cache) the T tokens are packed trees and
-  attention is ancestor-only. With a 'model' mesh axis > 1, `constrain` lays the
-  activations out as Megatron's column / row splits (`ACTIVATION_RULES`).
+  the stacked cache in place (a dynamic update on the carried buffer); see
+  `cached_attention` for the cache kinds (a `prefill`'s repeated rows, a decode's, a
+  `CascadeCache`'s prefixes or own rows, the latter with `start` [B]). With `pack` (a
+  `PackedAttention`, no cache) the T tokens are packed trees and attention is
+  ancestor-only. With a 'model' mesh axis > 1, `constrain` lays the activations out as
+  Megatron's column / row splits (`ACTIVATION_RULES`).
   """
   cfg: PolicyConfig
 
   @nn.compact
-  def __call__(self, carry, positions, pack=None):
+  def __call__(self, carry, positions, pack=None, start=None):
     x, cache, layer = carry
     cfg = self.cfg
     def dense(feats, name, axis=-1, bias=False):
@@ -474,30 +581,7 @@ class Block(nn.Module):
     if pack is not None:
       attn = packed_attention(q, k, v, pack, cfg)
     else:
-      if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
-        keys = None
-      elif cache.k.shape[1] != x.shape[0]:  # `prefill` into a cache of repeated rows:
-        # n = cache rows / call rows copies of each row's keys and values, written at
-        # slots [0, T) of rows b * n .. b * n + n - 1 (a prefill starts at position 0),
-        # in place; the call attends within itself (all its keys are in it).
-        n = cache.k.shape[1] // x.shape[0]
-        put = lambda c, a: jax.lax.dynamic_update_slice(
-            c, jnp.repeat(a.astype(c.dtype), n, axis=0, total_repeat_length=c.shape[1])[None],
-            (layer, 0, 0, 0, 0))
-        cache = KVCache(k=put(cache.k, k), v=put(cache.v, v))
-        keys = None
-      else:  # Write at `positions`, then attend over all S slots.
-        rows = jnp.arange(x.shape[0])[:, None]
-        cache = KVCache(
-            k=cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype)),
-            v=cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype)))
-        keys, values = cache.k[layer], cache.v[layer]
-        key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
-      if cache is not None:  # [layers, rows, slots, K, Dh]: kv heads over 'model'
-        cache = jax.tree.map(lambda c: constrain(c, (None, 'rows', None, 'kv_heads', None)),
-                             cache)
-      attn = (causal_attention(q, k, v, positions, cfg) if keys is None else
-              attention(q, keys, values, key_pos[:, None, :] <= positions[:, :, None], cfg))
+      attn, cache = cached_attention(q, k, v, positions, cache, layer, start, cfg)
     # Row-parallel o: its input heads split, its output summed over 'model' (whole rows).
     attn = constrain(attn, heads)
     stream = ('rows', None, 'embed')
@@ -529,13 +613,13 @@ class Transformer(nn.Module):
     if not cfg.tie_embeddings:
       self.head = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, name='head')
 
-  def hidden(self, tokens, positions, cache=None, pack=None):
+  def hidden(self, tokens, positions, cache=None, pack=None, start=None):
     if tensor_parallel_mesh(self.embed.embedding) is None:
       x = self.embed(tokens)
     else:  # the table's vocabulary split over 'model': look up without gathering it
       x = embed_lookup(self.embed.embedding, tokens, self.cfg.dtype)
     x = constrain(x, ('rows', None, 'embed'))
-    (x, cache, _), _ = self.blocks((x, cache, jnp.int32(0)), positions, pack)
+    (x, cache, _), _ = self.blocks((x, cache, jnp.int32(0)), positions, pack, start)
     return self.final_norm(x).astype(jnp.float32), cache
 
   def logits(self, h):
@@ -546,8 +630,8 @@ class Transformer(nn.Module):
       logits = self.head(h.astype(jnp.float32))
     return constrain(logits, ('rows',) + (None,) * (logits.ndim - 2) + ('vocab',))
 
-  def __call__(self, tokens, positions, cache=None):
-    h, cache = self.hidden(tokens, positions, cache)
+  def __call__(self, tokens, positions, cache=None, start=None):
+    h, cache = self.hidden(tokens, positions, cache, None, start)
     return self.logits(h), cache
 
 
@@ -629,9 +713,12 @@ def num_params(params) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
-def apply(params, cfg: PolicyConfig, tokens, positions, cache=None):
-  """Forward: tokens, positions [B, T] -> (logits [B, T, V] f32, cache or None)."""
-  return model(cfg).apply({'params': params}, tokens, positions, cache)
+def apply(params, cfg: PolicyConfig, tokens, positions, cache=None, start=None):
+  """Forward: tokens, positions [B, T] -> (logits [B, T, V] f32, cache or None); `start`
+  [B] with a `CascadeCache` (see there) when the call writes the rows' own slots."""
+  if start is None:
+    return model(cfg).apply({'params': params}, tokens, positions, cache)
+  return model(cfg).apply({'params': params}, tokens, positions, cache, start)
 
 
 def forward(params, cfg: PolicyConfig, tokens):
@@ -647,13 +734,18 @@ def prefill(params, cfg: PolicyConfig, prompts, cache: Optional[KVCache] = None)
   rows, e.g. already placed on a mesh, that receives each prompt's keys and values n
   times: row b * n + j <- prompt b (the sampler's n responses per prompt). Each layer
   then writes its keys and values, repeated, straight into that cache (no B-row cache
-  is built and copied), and the prompts attend within the call.
+  is built and copied), and the prompts attend within the call. Or an empty
+  `CascadeCache` with B prefixes of P slots: the prompts become its prefixes, once.
   """
   b, p = prompts.shape
   if p > cfg.max_len:
     raise ValueError(f'prompt length {p} > max_len {cfg.max_len}')
   if cache is None:
     cache = init_cache(cfg, b)
+  elif isinstance(cache, CascadeCache):
+    if cache.prefix_k.shape[1:3] != (b, p):
+      raise ValueError(f'a prefill of {b} x {p} prompts into {cache.prefix_k.shape[1:3]} '
+                       f'prefix slots')
   elif cache.k.shape[1] % b:
     raise ValueError(f'a prefill of {b} prompts into a cache of {cache.k.shape[1]} rows: '
                      f'the rows must be a multiple of the prompts')
@@ -661,9 +753,13 @@ def prefill(params, cfg: PolicyConfig, prompts, cache: Optional[KVCache] = None)
   return apply(params, cfg, prompts, pos, cache)
 
 
-def decode_step(params, cfg: PolicyConfig, cache: KVCache, tokens, positions):
-  """One token per row: tokens, positions [B] -> (next-token logits [B, V], cache)."""
-  logits, cache = apply(params, cfg, tokens[:, None], positions[:, None], cache)
+def decode_step(params, cfg: PolicyConfig, cache, tokens, positions, start=None):
+  """One token per row: tokens, positions [B] -> (next-token logits [B, V], cache).
+
+  cache: a `KVCache`, or a `CascadeCache` with `start` [B] (the rows' first own positions).
+  """
+  args = (cache,) if start is None else (cache, start)
+  logits, cache = apply(params, cfg, tokens[:, None], positions[:, None], *args)
   return logits[:, 0], cache
 
 

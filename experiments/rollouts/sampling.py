@@ -34,10 +34,18 @@ Conventions
     cache that stop as soon as every row has emitted EOS or reached its stop index.
 
 Building blocks (pure, composable): `response_uniforms` (all randomness, up
-front), `start` (prefill once per prompt, repeat the cache per response),
-`decode` (one-token steps until `stop`), `fork` (copy rows and their caches,
-truncated at fork positions), fork policies returning `(source, position)`
-arrays, and `to_samples`.
+front), `start` (prefill once per prompt; the cache keeps it once for its responses,
+layout 'cascade', or repeats it per response, layout 'rows'), `decode` (one-token steps
+until `stop`), `fork` (copy rows and their own caches, truncated at fork positions),
+fork policies returning `(source, position)` arrays, and `to_samples`.
+
+Cache layouts (`LAYOUTS`, a sampler's `layout` argument; None = `DEFAULT_LAYOUT`,
+'cascade'): 'cascade' keeps each prompt's keys and values once ([B, P]) and each row's
+own tokens per row ([B * G, L]); a decode step attends to both and merges the two
+softmax parts exactly by their maxima and sums (`decoder.cascade_attention`, Hydragen),
+the prompt part one batched matmul over the G rows that share it. 'rows' gives each row
+a whole cache of cfg.max_len slots (the prompt read G times per step). Both give the
+same samples up to float rounding (tests/test_cascade_decode.py).
 """
 
 import dataclasses
@@ -77,7 +85,7 @@ class Rollout:
   Row r feeds `token` at position `prompt_len + index - 1` and samples response
   token `index` next, using `uniforms[r, index]`.
   """
-  cache: decoder.KVCache   # [num_layers, R, S, K, Dh]
+  cache: 'decoder.KVCache | decoder.CascadeCache'  # [num_layers, R, S, K, Dh] or cascade
   uniforms: jax.Array     # [R, L] f32, the row's response's uniform stream
   prompt_len: jax.Array   # [R] int32
   prompt_last: jax.Array  # [R] int32, last prompt token
@@ -202,17 +210,31 @@ def _mesh_split(rows: int):
   return split, dict(mesh.shape).get(decoder.MODEL_AXIS, 1) > 1
 
 
-def place_cache(cache: decoder.KVCache) -> decoder.KVCache:
-  """A KV cache [layers, rows, slots, K, Dh] with its rows split over ('data', 'fsdp')
-  when they divide, and its kv heads over 'model' when the mesh has that axis (see
-  `place_rows`); as is without a mesh. Placement only, values are unchanged."""
-  split, tp = _mesh_split(cache.k.shape[1])
-  if split is None and not tp:
-    return cache
-  spec = jax.sharding.PartitionSpec(
-      None, ROW_AXES if split else jax.sharding.PartitionSpec.UNCONSTRAINED, None,
-      decoder.MODEL_AXIS if tp else None, None)
-  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), cache)
+def place_cache(cache):
+  """A KV cache [layers, rows, slots, K, Dh] (a `decoder.KVCache`, or a
+  `decoder.CascadeCache`: its prefixes and its own rows each) with its rows split over
+  ('data', 'fsdp') when they divide, and its kv heads over 'model' when the mesh has that
+  axis (see `place_rows`); as is without a mesh. Placement only, values are unchanged."""
+
+  def place(x):
+    split, tp = _mesh_split(x.shape[1])
+    if split is None and not tp:
+      return x
+    spec = jax.sharding.PartitionSpec(
+        None, ROW_AXES if split else jax.sharding.PartitionSpec.UNCONSTRAINED, None,
+        decoder.MODEL_AXIS if tp else None, None)
+    return jax.lax.with_sharding_constraint(x, spec)
+  return jax.tree.map(place, cache)
+
+
+def map_cache_rows(fn, cache, *others):
+  """fn(x, *ys) on the per-row arrays [layers, R, ...] of a cache (and of `others`, caches
+  of the same kind): all of a `KVCache`, the own rows of a `CascadeCache` (its shared
+  prefixes, those of `cache`, are kept as they are)."""
+  if isinstance(cache, decoder.CascadeCache):
+    return cache.replace(k=fn(cache.k, *(o.k for o in others)),
+                         v=fn(cache.v, *(o.v for o in others)))
+  return jax.tree.map(fn, cache, *others)
 
 
 def place_rows(state: 'Rollout') -> 'Rollout':
@@ -256,26 +278,40 @@ def row_uniforms(key, prompt_ids, response_ids, length: int):
   return jax.vmap(lambda k: jax.random.uniform(k, (length,)))(keys)
 
 
+# KV cache layouts of a Rollout: 'cascade' keeps each prompt once and each row's own
+# tokens per row (`decoder.CascadeCache`; decode reads a prompt once per step for its G
+# rows, Hydragen), 'rows' a full cache per row (`decoder.KVCache`; the prompt G times).
+LAYOUTS = ('cascade', 'rows')
+DEFAULT_LAYOUT = 'cascade'
+
+
 def start(params, cfg: decoder.PolicyConfig, prompts, uniforms, *, prompt_len=None,
-          pad_id: int = 0) -> Rollout:
-  """Prefills prompts [B, P] once into the cache rows of all their responses.
+          pad_id: int = 0, layout: str = DEFAULT_LAYOUT) -> Rollout:
+  """Prefills prompts [B, P] once into the cache of all their responses.
 
   uniforms: [B, n, L] (see `response_uniforms`). Returns a Rollout of R = B * n
-  rows; row b * n + j samples with uniforms[b, j] from response index 0. The R-row
-  cache is made first and placed (`place_cache`: rows over the mesh, kv heads over
-  'model'); `decoder.prefill` runs the B prompts and each layer writes its keys and
-  values, n times, straight into it. (Building a B-row cache and repeating it made the
-  compiled program hold gathered copies of the whole cache: measured with
+  rows; row b * n + j samples with uniforms[b, j] from response index 0.
+  layout 'cascade' (`LAYOUTS`): a `decoder.CascadeCache` holding prompt b once and row
+  b * n + j's own L slots (slot i = position prompt_len[b] - 1 + i: the last prompt
+  token is fed again by the first decode step, as in 'rows'). Layout 'rows': the R-row
+  cache of cfg.max_len slots is made first and placed (`place_cache`: rows over the mesh,
+  kv heads over 'model'); `decoder.prefill` runs the B prompts and each layer writes its
+  keys and values, n times, straight into it. (Building a B-row cache and repeating it
+  made the compiled program hold gathered copies of the whole cache: measured with
   experiments/compile_tpu.py, Llama-3.1-8B, 32 prompts x 8 on a v5e-16.)
   """
   b, p = prompts.shape
   n, l = uniforms.shape[1:]
   if p + l > cfg.max_len:
     raise ValueError(f'P + L = {p + l} > max_len = {cfg.max_len}')
+  if layout not in LAYOUTS:
+    raise ValueError(f'layout {layout!r} not in {LAYOUTS}')
   prompt_len = (jnp.full((b,), p, jnp.int32) if prompt_len is None
                 else jnp.asarray(prompt_len, jnp.int32))
   r = b * n
-  _, cache = decoder.prefill(params, cfg, prompts, place_cache(decoder.init_cache(cfg, r)))
+  empty = (decoder.init_cascade_cache(cfg, b, p, r, l) if layout == 'cascade'
+           else decoder.init_cache(cfg, r))
+  _, cache = decoder.prefill(params, cfg, prompts, place_cache(empty))
   # Row b * n + j <- prompt b: a broadcast (jnp.repeat), not a gather; see `place_rows`.
   rep = lambda x: jnp.repeat(x, n, axis=0, total_repeat_length=r)
   last = jnp.take_along_axis(prompts, (prompt_len - 1)[:, None], axis=1)[:, 0]
@@ -313,8 +349,9 @@ def decode(params, cfg: decoder.PolicyConfig, state: Rollout, stop, *,
 
   def body(s):
     act = active(s)
+    start = s.prompt_len - 1 if isinstance(s.cache, decoder.CascadeCache) else None
     logits, cache = decoder.decode_step(
-        params, cfg, s.cache, s.token, s.prompt_len + s.index - 1)
+        params, cfg, s.cache, s.token, s.prompt_len + s.index - 1, start)
     logp, ent = decoder.log_softmax_entropy(logits)
     u = jnp.take_along_axis(s.uniforms, jnp.minimum(s.index, length - 1)[:, None], 1)[:, 0]
     new = select_tokens(u, logits, temperature, top_k, top_p)
@@ -344,13 +381,19 @@ def fork(state: Rollout, source, position, uniforms, *, pad_id: int = 0) -> Roll
   <= the source's generated length (its `index`). A fork at or beyond the
   source's EOS yields a done row identical to its source. A static int
   `source` n means source = repeat(arange(R), n): a broadcast, not a gather.
+  With a `decoder.CascadeCache` only the rows' own slots are copied and the prompts stay
+  shared: the new rows must be prompt-major (row i of R' belongs to prompt i // (R' / B),
+  as in every sampler here: children listed by prompt, then by source).
   """
   if isinstance(source, int):
     take = lambda x, axis: jnp.repeat(x, source, axis=axis)
   else:
     take = lambda x, axis: x[(slice(None),) * axis + (source,)]
   s = jax.tree.map(lambda x: take(x, 0), state.replace(cache=None))
-  cache = jax.tree.map(lambda x: take(x, 1), state.cache)
+  cache = map_cache_rows(lambda x: take(x, 1), state.cache)
+  if isinstance(cache, decoder.CascadeCache) and cache.k.shape[1] % cache.prefix_k.shape[1]:
+    raise ValueError(f'{cache.k.shape[1]} forked rows do not split evenly over '
+                     f'{cache.prefix_k.shape[1]} prompts')
   position = jnp.asarray(position, jnp.int32)
   length = s.tokens.shape[1]
   keep = jnp.arange(length)[None, :] < position[:, None]
@@ -410,9 +453,15 @@ _uniforms_jit = jax.jit(response_uniforms, static_argnames='length')
 _to_samples = jax.jit(to_samples, static_argnums=1)
 
 
-@functools.partial(jax.jit, static_argnames=('cfg', 'pad_id'))
-def _start(params, prompts, uniforms, prompt_len, *, cfg, pad_id):
-  return start(params, cfg, prompts, uniforms, prompt_len=prompt_len, pad_id=pad_id)
+def _layout(layout: Optional[str]) -> str:
+  """A sampler's cache layout: `DEFAULT_LAYOUT` (read when called) for None."""
+  return DEFAULT_LAYOUT if layout is None else layout
+
+
+@functools.partial(jax.jit, static_argnames=('cfg', 'pad_id', 'layout'))
+def _start(params, prompts, uniforms, prompt_len, *, cfg, pad_id, layout=DEFAULT_LAYOUT):
+  return start(params, cfg, prompts, uniforms, prompt_len=prompt_len, pad_id=pad_id,
+               layout=layout)
 
 
 @functools.partial(jax.jit, static_argnames=('cfg', 'eos_id'))
@@ -424,27 +473,29 @@ _fork = jax.jit(fork, static_argnames='pad_id')
 
 
 def _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_samples,
-            max_new_tokens, eos_id, pad_id) -> Rollout:
-  """B * num_samples i.i.d. rows decoded to the end."""
+            max_new_tokens, eos_id, pad_id, layout=None) -> Rollout:
+  """B * num_samples i.i.d. rows decoded to the end (cache `layout`, see `LAYOUTS`)."""
   u = _uniforms_jit(key, prompt_ids, np.arange(num_samples, dtype=np.int32),
                     length=max_new_tokens)
-  state = _start(params, prompts, u, prompt_len, cfg=cfg, pad_id=pad_id)
+  state = _start(params, prompts, u, prompt_len, cfg=cfg, pad_id=pad_id,
+                 layout=_layout(layout))
   return _decode(params, state, max_new_tokens, knobs, cfg=cfg, eos_id=eos_id)
 
 
 def sample_iid(params, cfg: decoder.PolicyConfig, key, prompts, num_samples: int,
                max_new_tokens: int, *, temperature=1.0, top_p=1.0, top_k=0,
                eos_id: Optional[int] = None, pad_id: int = 0, prompt_len=None,
-               prompt_ids=None) -> Samples:
+               prompt_ids=None, layout: Optional[str] = None) -> Samples:
   """G = num_samples i.i.d. responses per prompt: prompts [B, P] -> Samples [B, G, L].
 
-  Each prompt is prefilled once and its cache repeated G times. parent = -1 and
-  fork = 0 everywhere. temperature 0 = greedy.
+  Each prompt is prefilled once; with layout 'cascade' (the default, `DEFAULT_LAYOUT`)
+  its cache is kept once and read once per step for its G responses, with 'rows' it is
+  repeated G times (`start`). parent = -1 and fork = 0 everywhere. temperature 0 = greedy.
   """
   prompts, prompt_len, prompt_ids, knobs = _inputs(
       cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
   state = _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_samples,
-                  max_new_tokens, eos_id, pad_id)
+                  max_new_tokens, eos_id, pad_id, layout)
   return _to_samples(state, prompts.shape[0])
 
 
@@ -491,7 +542,8 @@ def _finish_fixed(state, num_prompts, parent, fork_pos):
 def sample_tree_fixed(params, cfg: decoder.PolicyConfig, key, prompts,
                       branching: Sequence[int], segment_len: int, max_new_tokens: int, *,
                       temperature=1.0, top_p=1.0, top_k=0, eos_id: Optional[int] = None,
-                      pad_id: int = 0, prompt_len=None, prompt_ids=None) -> Samples:
+                      pad_id: int = 0, prompt_len=None, prompt_ids=None,
+                      layout: Optional[str] = None) -> Samples:
   """Fixed-branching tree (SPO-tree / TreePO style): prompts [B, P] -> [B, G, L].
 
   Level 0 samples branching[0] chains of segment_len tokens from the prompt; at
@@ -512,13 +564,14 @@ def sample_tree_fixed(params, cfg: decoder.PolicyConfig, key, prompts,
   parent, fork_pos, level_ids = fixed_tree(branching, segment_len)
   u = _uniforms_jit(key, prompt_ids, np.arange(len(parent), dtype=np.int32), length=l)
   return _tree_fixed(params, prompts, u, prompt_len, knobs, cfg=cfg, branching=branching,
-                     segment_len=segment_len, eos_id=eos_id, pad_id=pad_id)
+                     segment_len=segment_len, eos_id=eos_id, pad_id=pad_id,
+                     layout=_layout(layout))
 
 
 @functools.partial(jax.jit, static_argnames=('cfg', 'branching', 'segment_len', 'eos_id',
-                                             'pad_id'))
+                                             'pad_id', 'layout'))
 def _tree_fixed(params, prompts, u, prompt_len, knobs, *, cfg, branching, segment_len, eos_id,
-                pad_id):
+                pad_id, layout=DEFAULT_LAYOUT):
   """All levels of `sample_tree_fixed` in one program (uniforms u [B, G, L]).
 
   Forks repeat rows (a broadcast, no gather) and feed the next level's decode
@@ -526,7 +579,8 @@ def _tree_fixed(params, prompts, u, prompt_len, knobs, *, cfg, branching, segmen
   """
   b, l = prompts.shape[0], u.shape[-1]
   parent, fork_pos, level_ids = fixed_tree(branching, segment_len)
-  state = start(params, cfg, prompts, u[:, level_ids[0]], prompt_len=prompt_len, pad_id=pad_id)
+  state = start(params, cfg, prompts, u[:, level_ids[0]], prompt_len=prompt_len, pad_id=pad_id,
+                layout=layout)
   for level in range(len(branching)):
     if level > 0:
       position = jnp.full((state.tokens.shape[0] * branching[level],), level * segment_len,
@@ -645,7 +699,7 @@ def _finish_forks(chains, children, source, position):
 def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chains: int,
                       max_new_tokens: int, fork_policy: ForkPolicy, *, temperature=1.0,
                       top_p=1.0, top_k=0, eos_id: Optional[int] = None, pad_id: int = 0,
-                      prompt_len=None, prompt_ids=None) -> Samples:
+                      prompt_len=None, prompt_ids=None, layout: Optional[str] = None) -> Samples:
   """Chains to the end, then one round of forks chosen by `fork_policy`.
 
   Samples N = num_chains i.i.d. chains (responses g < N, roots; the same stages
@@ -660,7 +714,7 @@ def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chain
       cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
   b, l = prompts.shape[0], max_new_tokens
   state = _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_chains, l,
-                  eos_id, pad_id)
+                  eos_id, pad_id, layout)
   chains = _to_samples(state, b)
   if getattr(fork_policy, 'reads_model', False):  # e.g. APPO's counterfactual passes
     source, position = _apply_model_policy(fork_policy, params, cfg, prompts, prompt_len,

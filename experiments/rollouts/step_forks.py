@@ -104,23 +104,16 @@ def _fork_round(params, cfg, key, prompt_ids, state, pos, first_id: int, c: int,
   return kids, sampling.to_samples(kids, b, parent, jnp.repeat(pos, c, axis=1))
 
 
-def _rows_of(state, b: int):
-  """A Rollout of B·n prompt-major rows as per-prompt [B, n, ...] arrays (cache axis 1)."""
-  n = state.tokens.shape[0] // b
-  split = lambda x, axis: x.reshape(x.shape[:axis] + (b, n) + x.shape[axis + 1:])
-  return jax.tree.map(lambda x: split(x, 0), state.replace(cache=None)), jax.tree.map(
-      lambda x: split(x, 1), state.cache)
-
-
 @functools.partial(jax.jit, static_argnums=2)
 def _concat_rows(a, c, b: int):
   """Two Rollouts of B·n_a and B·n_c prompt-major rows as one of B·(n_a + n_c), each prompt's
-  rows of `a` first."""
-  (ra, ca), (rc, cc) = _rows_of(a, b), _rows_of(c, b)
-  join = lambda x, y, axis: jnp.concatenate([x, y], axis + 1).reshape(
-      x.shape[:axis] + (-1,) + x.shape[axis + 2:])
-  rows = jax.tree.map(lambda x, y: join(x, y, 0), ra, rc)
-  return rows.replace(cache=jax.tree.map(lambda x, y: join(x, y, 1), ca, cc))
+  rows of `a` first (the rows' caches too; shared prompts of a cascade cache are a's)."""
+  split = lambda x, axis: x.reshape(x.shape[:axis] + (b, -1) + x.shape[axis + 1:])
+  join = lambda x, y, axis: jnp.concatenate([split(x, axis), split(y, axis)], axis + 1).reshape(
+      x.shape[:axis] + (-1,) + x.shape[axis + 1:])
+  rows = jax.tree.map(lambda x, y: join(x, y, 0), a.replace(cache=None), c.replace(cache=None))
+  return rows.replace(cache=sampling.map_cache_rows(lambda x, y: join(x, y, 1), a.cache,
+                                                    c.cache))
 
 
 def sample_step_tree(params, cfg, key, prompts, num_chains: int, num_levels: int,

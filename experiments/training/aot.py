@@ -52,12 +52,10 @@ import math
 import os
 import re
 import time
-import types
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -462,23 +460,38 @@ def stage_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
   return out
 
 
+def cache_slots(shape: RLShape, layout: Optional[str] = None) -> tuple:
+  """The sampler's KV-cache slots as ((rows, slots per row), ...): B * G rows of P + L
+  ('rows'), or B prompts of P and B * G rows of L ('cascade', the default: issue 41)."""
+  from experiments.rollouts import sampling
+  b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
+  if (layout or sampling.DEFAULT_LAYOUT) == 'rows':
+    return ((b * g, p + l),)
+  return ((b, p), (b * g, l))
+
+
+def decode_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, param_bytes_full: float,
+                     layout: Optional[str] = None) -> float:
+  """HBM bytes per device of one decode (L steps), a lower bound: each step reads the
+  device's 'model' slice of the weights and its share of the KV cache, all slots (rows over
+  data x fsdp, kv heads over model)."""
+  slot = 2 * cfg.num_layers * cfg.kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+  cache = sum(rows * n for rows, n in cache_slots(shape, layout)) * slot / mesh.size
+  return shape.response_len * (param_bytes_full / shape.model + cache)
+
+
 def stage_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, state_bytes_chip: int,
                     param_bytes_full: int) -> dict:
   """Lower bound on HBM bytes each device reads or writes per piece (activations ignored).
 
   Every device reads its 'model' slice of the weights (all of them when model = 1),
   all-gathered over 'fsdp', once per forward and per decode step, and its share of the KV
-  cache (its rows, its kv heads, all S slots) per decode step; an update reads the
+  cache per decode step (`decode_hbm_bytes`); an update reads the
   weights 3 (4 with remat) times per micro-batch and its shard of params, grads and Adam
   moments about 7 times.
   """
-  b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
-  s = p + l
-  item = np.dtype(cfg.dtype).itemsize
-  cache_row = 2 * cfg.num_layers * s * cfg.kv_heads * cfg.head_dim * item
   weights = param_bytes_full / shape.model
-  cache_dev = b * g * cache_row / mesh.size  # rows over data x fsdp, kv heads over model
-  decode = l * (weights + cache_dev)
+  decode = decode_hbm_bytes(cfg, shape, mesh, param_bytes_full)
   lps = int(shape.recompute_logprobs) + int(shape.ref)
   micro = shape.minibatches * shape.micro_batches * shape.epochs
   upd = micro * (3 + int(cfg.remat)) * weights + (
@@ -947,11 +960,12 @@ def known_arrays(result: Result, piece: str) -> list:
     out.append((f'vocab logits ({what}, float32)', (per, length, vocab),
                 per * length * vocab * 4))
   if piece == 'sample':
-    rows, kv = -(-b * g // n), cfg.kv_heads // m
-    item = np.dtype(cfg.dtype).itemsize
-    out.append(('KV cache (k and v: layers, rows, slots, kv heads, head dim)',
-                (2, cfg.num_layers, rows, p + l, kv, cfg.head_dim),
-                2 * cfg.num_layers * rows * (p + l) * kv * cfg.head_dim * item))
+    kv, item = cfg.kv_heads // m, np.dtype(cfg.dtype).itemsize
+    for rows, slots in cache_slots(sh):
+      rows = -(-rows // n)
+      out.append(('KV cache (k and v: layers, rows, slots, kv heads, head dim)',
+                  (2, cfg.num_layers, rows, slots, kv, cfg.head_dim),
+                  2 * cfg.num_layers * rows * slots * kv * cfg.head_dim * item))
   return out
 
 
