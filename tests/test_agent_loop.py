@@ -163,8 +163,8 @@ def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy, att
     batch = ts.batch_from_samples(prompts, s.tokens, keep, adv, old.astype(jnp.float32),
                                   packing=pk)
     w = ts.token_weights(batch.mask, 'token-mean')
-    (loss, _), grad = jax.value_and_grad(ts.policy_loss, has_aux=True)(
-        params, pcfg, lc, batch, (w, w))
+    loss_grad = jax.jit(jax.value_and_grad(ts.policy_loss, has_aux=True), static_argnums=(1, 2))
+    (loss, _), grad = loss_grad(params, pcfg, lc, batch, (w, w))  # jitted: op by op is slow
     state = ts.init_state(jax.tree.map(jnp.copy, params), ts.make_optimizer(1e-2, 0))
     state, m = ts.train_step_jit(state, batch, cfg=pcfg, loss_cfg=lc)
     results.append((loss, grad, m, state.params))

@@ -192,6 +192,9 @@ def test_paper_configs_compare_with_grpo_on_the_same_budget(paper):
   assert 'compare' in script.main.__module__
 
 
+# Slow: the golden matrix runs these paths (tempo_tree_fixed, spo_chain_tree_cutpoints, and
+# progrpo_kl for the reference log-probs, in the default suite's subset).
+@pytest.mark.slow
 def test_quick_run_of_tree_and_reference_methods(tmp_path):
   """spo_tree / spo_chain (loss masks, cutpoint and fixed trees) and frpo (needs
   reference log-probs with kl_coef = 0) through the shared loop."""
