@@ -288,14 +288,9 @@ def test_lr_grid_layout_and_best_of_grid(tmp_path, monkeypatch):
     a = acc[method, c.optimizer.lr] + 0.01 * seed
     rows = [dict(step=0, wall_s=0.0, greedy_acc=0.0),
             dict(step=2, wall_s=1.0, generated_tokens_total=100.0 * (1 + seed), greedy_acc=a)]
-    os.makedirs(d)
-    with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:
-      f.writelines(json.dumps(r) + '\n' for r in rows)
-    return dict(loop.summarize(rows, cfg.eval.pass_k), sampled_tokens_per_s=1.0,
-                train_tokens_per_s=1.0, credit_frac=0.0)
+    return test_tracking.fake_run(d, rows, cfg.eval.pass_k)
 
-  monkeypatch.setattr(loop, 'sft', lambda c, d: (None, dict(greedy_acc=0.0, wall_s=0.0,
-                                                            **{f'pass@{cfg.eval.pass_k}': 0.0})))
+  monkeypatch.setattr(loop, 'sft', test_tracking.fake_sft(cfg.eval.pass_k))
   monkeypatch.setattr(loop, 'train', fake_train)
   summary = compare.run_experiment(cfg, str(tmp_path))
   assert ('tempo:iid', 3e-4, 1, os.path.join('tempo_iid', 'lr0.0003', 'seed1')) in seen

@@ -190,6 +190,20 @@ def test_resumed_tensorboard_purges_from_the_restored_step(tmp_path):
 # The comparison reports as runs finish.
 
 
+def fake_run(d, rows, pass_k: int) -> dict:
+  """A stand-in for `loop.train`: writes `rows` as d/metrics.jsonl, returns their summary."""
+  os.makedirs(d)
+  with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in rows)
+  return dict(loop.summarize(rows, pass_k), sampled_tokens_per_s=1.0, train_tokens_per_s=1.0,
+              credit_frac=0.0)
+
+
+def fake_sft(pass_k: int):
+  """A stand-in for `loop.sft`: no params, a zero warm-start row."""
+  return lambda c, d: (None, dict(greedy_acc=0.0, wall_s=0.0, **{f'pass@{pass_k}': 0.0}))
+
+
 def quick_cfg():
   cfg = tempo_config.shrink(tempo_config.get_config())
   cfg.quick, cfg.progress = False, False
@@ -222,17 +236,11 @@ def test_comparison_writes_plots_summary_and_table_as_runs_finish(tmp_path, monk
       for f in written:
         f.unlink()
     seen.append((method, c.optimizer.lr))
-    rows = [dict(step=0, wall_s=0.0, greedy_acc=0.0),
-            dict(step=2, wall_s=1.0, generated_tokens_total=100.0,
-                 greedy_acc=acc[method, c.optimizer.lr])]
-    os.makedirs(d)
-    with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:
-      f.writelines(json.dumps(r) + '\n' for r in rows)
-    return dict(loop.summarize(rows, cfg.eval.pass_k), sampled_tokens_per_s=1.0,
-                train_tokens_per_s=1.0, credit_frac=0.0)
+    return fake_run(d, [dict(step=0, wall_s=0.0, greedy_acc=0.0),
+                        dict(step=2, wall_s=1.0, generated_tokens_total=100.0,
+                             greedy_acc=acc[method, c.optimizer.lr])], cfg.eval.pass_k)
 
-  monkeypatch.setattr(loop, 'sft', lambda c, d: (None, dict(greedy_acc=0.0, wall_s=0.0,
-                                                            **{f'pass@{cfg.eval.pass_k}': 0.0})))
+  monkeypatch.setattr(loop, 'sft', fake_sft(cfg.eval.pass_k))
   monkeypatch.setattr(loop, 'train', fake_train)
   summary = compare.run_experiment(cfg, str(tmp_path))
   assert len(seen) == 4
