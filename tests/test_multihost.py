@@ -271,13 +271,16 @@ def test_watchdog_collective_error_of_a_lost_peer_gives_the_one_line_alone():
   from experiments.training import watchdog
   JaxRuntimeError = type('JaxRuntimeError', (RuntimeError,), {})
   client, exits, stream, printed = FakeClient(), [], io.StringIO(), []
-  wd = watchdog.Watchdog(client, 1, 2, timeout=0.3, interval=0.02, exit_fn=exits.append,
+  wd = watchdog.Watchdog(client, 1, 2, timeout=0.3, interval=0.05, exit_fn=exits.append,
                          stream=stream)
   hook = wd.excepthook(lambda *a: printed.append(a[1]))
   hook(ValueError, ValueError('a bug of this process'), None)
   assert [str(e) for e in printed] == ['a bug of this process'] and exits == []
   wd.start()  # peer 0 never beats: lost after 0.3 s
   err = JaxRuntimeError('INTERNAL: Gloo all-reduce failed: Connection closed by peer')
+  # The error comes a little after the peer stopped (as a collective's does), so the hook's
+  # wait (timeout + 2 intervals from now) ends well after the verdict even on a loaded host.
+  time.sleep(0.2)
   t0 = time.time()
   hook(JaxRuntimeError, err, None)
   assert len(printed) == 1 and exits == [watchdog.EXIT_PEER_LOST], (printed, exits)
