@@ -23,7 +23,8 @@ TIE_FLIPS = ('siop_iid',)
 
 @pytest.fixture(scope='module')
 def root(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('golden'))  # one SFT start for the module's cases
+  with record.full_optimization():  # the records' programs, compiled once for the module
+    yield str(tmp_path_factory.mktemp('golden'))  # one SFT start for the module's cases
 
 
 def check(name, root):

@@ -30,7 +30,8 @@ def machine_file() -> str:
 
 def run_main_job(workdir: str) -> dict:
   """The command as a user runs it (without the suite's single-thread XLA flags)."""
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('XLA_FLAGS', 'JAX_DISABLE_MOST_OPTIMIZATIONS')}
   env['PYTHONPATH'] = ROOT
   subprocess.run([sys.executable, '-m', 'experiments.tempo', f'--workdir={workdir}'], cwd=ROOT,
                  env=env, check=True, stdout=subprocess.DEVNULL)

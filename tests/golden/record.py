@@ -223,8 +223,31 @@ def checkpoint_record(workdir: str) -> dict:
               aux_keys=sorted(aux))
 
 
+@contextlib.contextmanager
+def full_optimization():
+  """XLA's default optimizations inside (the records' programs, as users compile them), also
+  where the suite turns most of them off (tests/conftest.py): programs compiled either way
+  are dropped on the switch, as jit's in-memory cache does not tell them apart."""
+  flag = 'jax_disable_most_optimizations'
+  if not jax.config.values[flag]:
+    yield
+    return
+  jax.clear_caches()
+  jax.config.update(flag, False)
+  try:
+    yield
+  finally:
+    jax.clear_caches()
+    jax.config.update(flag, True)
+
+
 def run_case(name: str, root: str) -> dict:
   """Runs case `name` under `root` (its SFT start shared there); returns its record."""
+  with full_optimization():
+    return _run_case(name, root)
+
+
+def _run_case(name: str, root: str) -> dict:
   case = CASES[name]
   if case.devices != jax.device_count():
     if os.environ.get('GOLDEN_CHILD'):  # the subprocess did not get its devices: stop here
@@ -251,7 +274,7 @@ def run_case(name: str, root: str) -> dict:
 def _run_elsewhere(name: str, devices: int) -> dict:
   """Case `name` in a subprocess with `devices` host devices (fixed when JAX starts)."""
   # First: XLA stops reading flags at the suite's bare 'intra_op_parallelism_threads=1'.
-  env = dict(os.environ, GOLDEN_CHILD='1', XLA_FLAGS=(
+  env = dict(os.environ, GOLDEN_CHILD='1', JAX_DISABLE_MOST_OPTIMIZATIONS='0', XLA_FLAGS=(
       f'--xla_force_host_platform_device_count={devices} {os.environ.get("XLA_FLAGS", "")}'))
   with tempfile.TemporaryDirectory(prefix='golden-') as tmp:
     out = os.path.join(tmp, 'record.json')
