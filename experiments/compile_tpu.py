@@ -32,21 +32,6 @@ import time
 from experiments.training import aot
 
 
-def use_layout(layout: str):
-  """Makes the sampler's prefill stage (`sampling._start`, which `aot.compile_sampler`
-  compiles) build the KV cache in `layout`, for this process."""
-  import functools
-  import jax
-  from experiments.rollouts import sampling
-
-  @functools.partial(jax.jit, static_argnames=('cfg', 'pad_id'))
-  def start(params, prompts, uniforms, prompt_len, *, cfg, pad_id):
-    return sampling.start(params, cfg, prompts, uniforms, prompt_len=prompt_len, pad_id=pad_id,
-                          layout=layout)
-  sampling._start = start
-  sampling.DEFAULT_LAYOUT = layout
-
-
 def main(argv=None) -> 'aot.Result':
   """Compiles and prints the report; returns the `aot.Result`."""
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -93,8 +78,6 @@ def main(argv=None) -> 'aot.Result':
   ap.add_argument('--sampler_only', action='store_true',
                   help='compile the i.i.d. prefill and decode only, rows vs cascade')
   a = ap.parse_args(argv)
-  if a.decode_layout is not None:
-    use_layout(a.decode_layout)
 
   import jax.numpy as jnp
   t0 = time.perf_counter()
@@ -110,7 +93,7 @@ def main(argv=None) -> 'aot.Result':
       micro_batches=a.micro_batches, minibatches=a.minibatches, epochs=a.epochs,
       packing=a.packing, pack_len=a.pack_len, pack_attention=a.pack_attention,
       ref=not a.no_ref, ref_sharding=a.ref_sharding, credit=a.credit,
-      compile_flat=not a.no_flat)
+      compile_flat=not a.no_flat, decode_layout=a.decode_layout)
   for n in notes:
     print('note:', n)
   if a.sampler_only:

@@ -144,6 +144,28 @@ def test_default_layout_is_cascade():
     sampling.sample_iid(params, cfg, KEY, PROMPTS, G, L, layout='paged')
 
 
+def test_compile_report_takes_the_layout_from_the_shape():
+  """aot compiles the prefill with the RLShape's decode_layout (compile_tpu's
+  --decode_layout), and counts its KV cache slots: B prompts of P and B * G rows of L
+  ('cascade', the default) or B * G rows of P + L ('rows')."""
+  from experiments.training import aot
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
+  calls = {}
+
+  def fake(name, piece, fn, args, static, takes=()):  # aot.Compiler's signature
+    calls[name] = static
+    return None
+
+  for layout, want in ((None, 'cascade'), ('cascade', 'cascade'), ('rows', 'rows')):
+    shape = aot.RLShape(rows=8, group_size=4, prompt_len=5, response_len=3,
+                        decode_layout=layout)
+    aot.compile_sampler(fake, None, CFGS['mha'], shape, mesh, None, None)
+    assert calls['prefill (_start)']['layout'] == want
+    assert aot.cache_slots(shape) == (((8, 5 + 3),) if want == 'rows' else ((2, 5), (8, 3)))
+  with pytest.raises(ValueError, match='decode_layout'):
+    aot.RLShape(decode_layout='paged')
+
+
 def _entropy_margin(chains, num_forks):
   """Smallest gap, over chains, between the entropies of ranks k and k + 1 (k < num_forks)
   of their valid positions: what keeps float rounding from moving an entropy fork."""

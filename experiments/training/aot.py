@@ -255,6 +255,7 @@ class RLShape:
   credit: str = 'grpo'
   eos_id: int = 1
   compile_flat: bool = True          # with packing, also the flat log-probs and update
+  decode_layout: Optional[str] = None  # the sampler's KV cache (`sampling.LAYOUTS`); None: its default
 
   @property
   def num_prompts(self) -> int:
@@ -281,6 +282,10 @@ class RLShape:
                        f'{", ".join(packing_lib.ATTENTION)}')
     if self.fsdp < 1 or self.model < 1:
       raise ValueError(f'fsdp={self.fsdp} and model={self.model} must be >= 1')
+    from experiments.rollouts import sampling
+    if self.decode_layout not in (None, *sampling.LAYOUTS):
+      raise ValueError(f'decode_layout {self.decode_layout!r}: valid are '
+                       f'{", ".join(sampling.LAYOUTS)} (or None: the sampler\'s default)')
 
   @property
   def full_pack_len(self) -> int:
@@ -462,10 +467,10 @@ def stage_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
 
 def cache_slots(shape: RLShape, layout: Optional[str] = None) -> tuple:
   """The sampler's KV-cache slots as ((rows, slots per row), ...): B * G rows of P + L
-  ('rows'), or B prompts of P and B * G rows of L ('cascade', the default: issue 41)."""
-  from experiments.rollouts import sampling
+  ('rows'), or B prompts of P and B * G rows of L ('cascade', the default: issue 41);
+  `layout` None: the shape's `decode_layout`."""
   b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
-  if (layout or sampling.DEFAULT_LAYOUT) == 'rows':
+  if decode_layout(shape, layout) == 'rows':
     return ((b * g, p + l),)
   return ((b, p), (b * g, l))
 
@@ -667,8 +672,15 @@ def _like_rows(mesh, x, shape):
   return jax.ShapeDtypeStruct(shape, x.dtype, sharding=rows_sharding(mesh, shape[0]))
 
 
+def decode_layout(shape: RLShape, layout: Optional[str] = None) -> str:
+  """`layout`, else the shape's `decode_layout`, else the sampler's default."""
+  from experiments.rollouts import sampling
+  return layout or shape.decode_layout or sampling.DEFAULT_LAYOUT
+
+
 def compile_sampler(c: Compiler, params, cfg, shape: RLShape, mesh: Mesh, prompts, plen):
-  """The sampler's stages as `sampling.sample_iid` / `sample_tree_forks` chain them."""
+  """The sampler's stages as `sampling.sample_iid` / `sample_tree_forks` chain them, the
+  KV cache in the shape's `decode_layout`."""
   from experiments.rollouts import sampling
   b, l, g = shape.num_prompts, shape.response_len, shape.group_size
   key = _rep(mesh, (2,), jnp.uint32)
@@ -680,7 +692,7 @@ def compile_sampler(c: Compiler, params, cfg, shape: RLShape, mesh: Mesh, prompt
   u = c('uniforms', 'sample', sampling._uniforms_jit,
         (key, ids, _rep(mesh, (n,), jnp.int32)), dict(length=l))
   state = c('prefill (_start)', 'sample', sampling._start, (params, prompts, u, plen),
-            dict(cfg=cfg, pad_id=0), takes=tk)
+            dict(cfg=cfg, pad_id=0, layout=decode_layout(shape)), takes=tk)
   state = c('decode (_decode)', 'sample', sampling._decode, (params, state, l, knobs),
             dict(cfg=cfg, eos_id=shape.eos_id), takes=tk)
   if shape.sampler == 'iid':
