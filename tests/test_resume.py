@@ -458,6 +458,7 @@ def test_metrics_writer_resume_rewrites_atomically_and_appends_whole_lines(tmp_p
     ('seeds', (0, 0), r'config.seeds \(0, 0\) repeats 0'),
     ('seeds', (2, 1, 2), 'repeats 2'),
     ('seeds', (), 'config.seeds is empty'),
+    ('seeds', (0, 1.5), 'give a tuple of ints'),
     ('lr_grid', (1e-4, 0.0001), 'lr_grid .* repeated'),
 ])
 def test_repeated_methods_and_seeds_are_refused_before_any_work(tmp_path, monkeypatch, field,

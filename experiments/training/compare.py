@@ -148,6 +148,10 @@ def check_comparison(cfg):
   if twice:
     raise ValueError(f'config.methods {cfg.methods!r} repeats {", ".join(twice)}: each '
                      'method would be run and reported twice; list every method once')
+  if isinstance(cfg.seeds, str) or not all(
+      isinstance(s, int) and not isinstance(s, bool) for s in cfg.seeds):
+    raise ValueError(f'config.seeds {cfg.seeds!r}: give a tuple of ints, e.g. '
+                     '--config.seeds="(0,1,2)"')
   seeds = tuple(cfg.seeds)
   if not seeds:
     raise ValueError('config.seeds is empty: give at least one seed, e.g. --config.seeds="(0,)"')
@@ -167,7 +171,7 @@ def check_comparison(cfg):
     raise ValueError(f'lr_grid {tuple(grid)} has repeated values (as lr<lr:g> directories)')
 
 
-def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
+def run_experiment(cfg, workdir: str, defaults=None, explicit=(), train=None) -> dict:
   """SFT once, then every method x seed (x lr in cfg.lr_grid); writes plots + summary.json;
   returns the summary.
 
@@ -184,7 +188,8 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
 
   As each run finishes, the plots and summary.json of the runs so far are rewritten (that
   summary also has `partial`: runs done of the total) and their table printed; the final
-  summary.json has no `partial`.
+  summary.json has no `partial`. `train` replaces `loop.train` for every run (same
+  signature; e.g. a wrapper that times runs and counts compiles, experiments/sensitivity.py).
   """
   if cfg.quick:
     shrink = (lm_config if loop.is_text(cfg) else
@@ -208,7 +213,8 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=()) -> dict:
     if done < total:  # after the last run: the final report
       report(cells, done)
 
-  cells = _train_cells(cfg, run_cfg, methods, grid, params0, workdir, on_run=progress)
+  cells = _train_cells(cfg, run_cfg, methods, grid, params0, workdir, on_run=progress,
+                       train=train or loop.train)
   return report(cells)
 
 
@@ -259,7 +265,8 @@ def _start(cfg, run_cfg, workdir: str):
   return params0, sft_info
 
 
-def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str, on_run=None) -> dict:
+def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str, on_run=None,
+                 train=None) -> dict:
   """{(method, lr or None): ([run summaries], [metric rows])}: every method x lr x seed;
   `on_run(cells so far, runs done)` after each run."""
   cells = {}
@@ -272,7 +279,7 @@ def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str, on_run=None
         c.optimizer.lr = lr
       for seed in cfg.seeds:
         d = run_dir(workdir, method, seed, lr)
-        s = loop.train(c, d, params0, method=method, seed=seed)
+        s = (train or loop.train)(c, d, params0, method=method, seed=seed)
         s.pop('params', None)
         s.pop('library', None)
         rows = loop.read_metrics(os.path.join(d, 'metrics.jsonl'))
