@@ -73,3 +73,21 @@ def test_one_pair_has_a_nan_interval_and_none_raises(method):
     stats.paired_difference([1.0, 2.0], [1.0], method=method)
   with pytest.raises(ValueError, match='unknown interval method'):
     stats.paired_difference([1.0], [1.0], method='wilcoxon')
+
+
+def test_min_detectable_effect_by_hand():
+  # (t_{0.975, n-1} + t_{0.8, n-1}) sd / sqrt(n), quantiles from standard tables (issue 42).
+  assert stats.min_detectable_effect(1.0, 10) == pytest.approx((2.262157 + 0.883404) / math.sqrt(10),
+                                                               abs=1e-5)
+  assert stats.min_detectable_effect(0.02, 5) == pytest.approx(0.02 * (2.776445 + 0.940965) /
+                                                               math.sqrt(5), abs=1e-6)
+  with pytest.raises(ValueError, match='n >= 2'):
+    stats.min_detectable_effect(1.0, 1)
+
+
+def test_spearman_by_hand():
+  # No ties: 1 - 6 sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 120.
+  assert stats.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+  # A tie shares the average rank 2.5: Pearson of ranks (1, 2.5, 2.5, 4) and (1, 3, 2, 4).
+  assert stats.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+  assert math.isnan(stats.spearman([2, 2, 2], [1, 2, 3]))
