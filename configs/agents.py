@@ -25,6 +25,7 @@ from configs import tempo
 
 def get_config() -> ml_collections.ConfigDict:
   c = tempo.get_config()
+  c.seeds = (0, 1, 2)
   c.methods = ('grpo:iid,tempo:iid,gigpo:iid,gagpo:iid,salt:iid,graphgpo:iid,gtpo:iid,'
                'cast:iid')
   c.task = ml_collections.ConfigDict(dict(name='household', kwargs={'max_turns': 8}))
