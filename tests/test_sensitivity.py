@@ -214,7 +214,7 @@ def test_grid_and_validation():
   assert names[:2] == ['scratch_add_d3_g4', 'scratch_add_d3_g8'] and 'household_long_g8' in names
   cfg = sens.cell_config(c, 'scratch_add_d8_g4')
   assert (cfg.task.kwargs.num_digits, cfg.sft.steps, cfg.sampler.group_size,
-          cfg.sampler.num_chains, cfg.critic.targets) == (8, 1600, 4, 2, 'tree')
+          cfg.sampler.num_chains, cfg.critic.targets) == (8, c.sft_steps.d8, 4, 2, 'tree')
   assert (cfg.rl.steps, cfg.rl.prompts_per_step, tuple(cfg.seeds)) == (40, 64, tuple(range(10)))
   long = sens.cell_config(c, 'household_long_g8')
   assert (long.task.name, long.sft.steps, long.model.attn_chunk) == ('household_long', 450, 128)
