@@ -3,11 +3,11 @@
     python -m experiments.make_results_pages    # after adding or rerunning a summary
 
 One page per family (`PAGES`): the main job (`main_job_seeds012.json`, one record per machine
-under `main_job/`, the default's 16 seeds in `main_job_seeds0-15.json`, GRPO at commit aab4ae0), SPO-chain on `scratch_add` and the TreeRL variants'
-credit accuracy. Every number on a page is a value of its summaries, or a mean / std over
-seeds of one, in the formats of `f3`, `f4`, `signed`, `ktok`, `pct` or as written (`:g`);
-tests/test_docs.py checks that, and that the committed pages and README block are what this
-script writes now.
+under `main_job/`, the default's 16 seeds in `main_job_seeds0-15.json`, GRPO at commit aab4ae0),
+SPO-chain on `scratch_add` and the TreeRL variants' credit accuracy. Every number on a page is a
+value of its summaries, or a mean / std over seeds of one, in the formats of `f3`, `f4`,
+`signed`, `ktok`, `pct` or as written (`:g`); tests/test_docs.py checks that, and that the
+committed pages and README block are what this script writes now.
 """
 
 import glob
@@ -230,8 +230,9 @@ the sensitivity study's `scratch_add_d3_g8` cell, whose runs are the main job's 
 seeds equal that machine's record per seed). The other records are seeds 0–2, what the command
 printed on each machine; the slow `tests/test_main_job.py` pins their per-seed final accuracies
 (`python tests/test_main_job.py` records a new machine, and this script then adds its row). A
-run's numbers do not depend on which other seeds run beside it. XLA's CPU programs round differently on different CPUs, so the
-same code gives other numbers on other machines: compare runs from one machine.""",
+run's numbers do not depend on which other seeds run beside it. XLA's CPU programs round
+differently on different CPUs, so the same code gives other numbers on other machines: compare
+runs from one machine.""",
     'spo_chain_scratch_add': """\
 `python -m experiments.spo --config.methods=grpo:iid,spo_chain:tree_cutpoints
 --config.seeds="(0,1,2,3,4)"`: SPO-chain after the fix (V(c) from the continuations at c only,

@@ -1,12 +1,13 @@
-"""The main job's numbers, pinned: `python -m experiments.tempo --config.seeds="(0,1,2)"` (GRPO
-and TEMPO, the default's first three seeds) prints, per seed, the final accuracies stored for
-this machine (exactly), or on a machine without its own record, those of docs/results/main_job_seeds012.json to 0.05: XLA's CPU
-rounding differs between CPUs, and over 40 RL steps it moves a run's final accuracy by up to
-0.04 (measured, one commit on two machines: GRPO 0.7832 / 0.7773 / 0.8047 on the
-2-core machine that wrote main_job_seeds012.json, 0.8047 / 0.8164 / 0.8164 on an AVX-512
-Xeon), and so does another summation order on one machine (the cascade decode, 6c6508d:
-0.8340 / 0.7754 / 0.8398 on that Xeon, docs/results/main_job/11c6dc0a55e7.json). Record this
-machine's with `python tests/test_main_job.py` (5 minutes on 2 cores).
+"""The main job's numbers, pinned: `python -m experiments.tempo --config.seeds="(0,1,2)"` (GRPO and
+TEMPO, the default's first three seeds) prints, per seed, the final accuracies stored for this
+machine (exactly), or on a machine without its own record, those of
+docs/results/main_job_seeds012.json to 0.05: XLA's CPU rounding differs between CPUs, and over
+40 RL steps it moves a run's final accuracy by up to 0.04 (measured, one commit on two machines:
+GRPO 0.7832 / 0.7773 / 0.8047 on the 2-core machine that wrote main_job_seeds012.json, 0.8047 /
+0.8164 / 0.8164 on an AVX-512 Xeon), and so does another summation order on one machine (the
+cascade decode, 6c6508d: 0.8340 / 0.7754 / 0.8398 on that Xeon,
+docs/results/main_job/11c6dc0a55e7.json). Record this machine's with
+`python tests/test_main_job.py` (5 minutes on 2 cores).
 """
 
 import json
