@@ -214,7 +214,7 @@ def run_experiment(cfg, workdir: str, defaults=None, explicit=(), train=None) ->
       report(cells, done)
 
   cells = _train_cells(cfg, run_cfg, methods, grid, params0, workdir, on_run=progress,
-                       train=train or loop.train)
+                       train=train)
   return report(cells)
 
 
@@ -268,7 +268,8 @@ def _start(cfg, run_cfg, workdir: str):
 def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str, on_run=None,
                  train=None) -> dict:
   """{(method, lr or None): ([run summaries], [metric rows])}: every method x lr x seed;
-  `on_run(cells so far, runs done)` after each run."""
+  `on_run(cells so far, runs done)` after each run; `train` None: `loop.train`."""
+  train = train or loop.train
   cells = {}
   for method in methods:
     g = loop.group_size(loop.with_method(cfg, method).sampler)
@@ -279,7 +280,7 @@ def _train_cells(cfg, run_cfg, methods, grid, params0, workdir: str, on_run=None
         c.optimizer.lr = lr
       for seed in cfg.seeds:
         d = run_dir(workdir, method, seed, lr)
-        s = (train or loop.train)(c, d, params0, method=method, seed=seed)
+        s = train(c, d, params0, method=method, seed=seed)
         s.pop('params', None)
         s.pop('library', None)
         rows = loop.read_metrics(os.path.join(d, 'metrics.jsonl'))
