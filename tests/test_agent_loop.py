@@ -338,12 +338,11 @@ def quick_agents_cfg(methods):
 
 
 def test_quick_agents_comparison_end_to_end(tmp_path, capsys):
-  # cast needs the solver values the loop adds; tree_grpo the forks; ppo_turns the learned
-  # critic's values at turn boundaries; taura the teacher-forced entropies of the actions;
-  # rebel household's milestones and the observations' log-probs (the answer probes igpo
-  # reads: test_tool_credit's family run, which computes them for taco_tools and ica).
-  methods = ('grpo:iid', 'cast:iid', 'tree_grpo:tree_turns', 'ppo_turns:iid', 'taura:iid',
-             'rebel:iid')
+  # tree_grpo needs the forks; ppo_turns the learned critic's values at turn boundaries; taura
+  # the teacher-forced entropies of the actions. The fields the multi-turn problem computes
+  # (CAST's solver values, ReBel's milestones and feedback log-probs, the answer probes):
+  # test_agent_needs; the family runs that train on them are slow-marked.
+  methods = ('grpo:iid', 'tree_grpo:tree_turns', 'ppo_turns:iid', 'taura:iid')
   cfg = quick_agents_cfg(','.join(methods))
   summary = compare.run_experiment(cfg, str(tmp_path))
   out = capsys.readouterr().out
@@ -368,9 +367,8 @@ def test_quick_agents_comparison_end_to_end(tmp_path, capsys):
     assert all(('critic/vf_loss' in r) == (method == 'ppo_turns:iid') for r in train)
     assert all(np.isfinite(r.get('critic/vf_loss', 0.0)) for r in train)
     first[method] = train[0]
-  # No episode of the first batch succeeds: GRPO's advantages are 0, ReBel's belief term not.
+  # No episode of the first batch succeeds: GRPO's advantages are 0.
   assert first['grpo:iid']['success'] == 0 and first['grpo:iid']['loss'] == 0
-  assert first['rebel:iid']['reward'] == 0 and first['rebel:iid']['loss'] != 0
   s = json.load(open(tmp_path / 'summary.json'))
   assert np.isfinite(s['matched_tokens']['budget_env_steps'])
   assert set(s['paired']['by_method']) == set(methods) - {'grpo:iid'}

@@ -15,13 +15,14 @@ from experiments.training import compare, loop
 # test_step_forks; ADHint's 'difficulty' hints: test_hints, its sampler: the 'hints' run),
 # except 'tree_search:appo', the only loop run of the 'tree_branching' sampler.
 # Also slow: families whose passes test_golden's fast cases run exactly (confidence: gepo_iid;
-# context_shift: gcpo_iid; saliency: grail_iid; probes: spae_iid; hindsight: pbsd_iid, siop_iid).
-FAMILIES = ('entropy_weighting', 'polarity', 'implied_values', 'policy_losses', 'hints',
+# context_shift: gcpo_iid; saliency: grail_iid; probes: spae_iid; hindsight: pbsd_iid, siop_iid;
+# entropy_weighting's entropy, stateful credit and reference log-probs: gepo_iid, progrpo_kl).
+FAMILIES = ('polarity', 'implied_values', 'policy_losses', 'hints',
             'tree_search', 'tree_search:appo',
             *(pytest.param(f, marks=pytest.mark.slow)
               for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline',
                         'tree_search:steps', 'hints:adhint', 'confidence', 'context_shift',
-                        'saliency', 'probes', 'hindsight:plain')))
+                        'saliency', 'probes', 'hindsight:plain', 'entropy_weighting')))
 
 
 # Methods whose documented reduction to GRPO holds on the quick run's first batch:

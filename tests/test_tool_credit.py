@@ -163,6 +163,9 @@ def test_tool_credit_needs_its_probes_and_checks_them():
   assert credit.needs('ica') == ('turns', 'answer_logprobs', 'evidence_probes')
 
 
+# ~31 s: the answer probes reaching TACO, ICA and PiCA: test_agent_needs; the agent loop's
+# turns pass: test_golden's agents_experience.
+@pytest.mark.slow
 def test_tool_credit_family_script_runs_quick(tmp_path):
   from configs import agents as agents_config
   from configs import tool_credit as tool_config

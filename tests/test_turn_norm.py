@@ -105,6 +105,9 @@ def test_registered_token_level_on_action_tokens():
     assert np.all(got[:, ::2] == 0)
 
 
+# ~20 s: MT-GRPO's plumbing ('turns') is gigpo's in test_golden's agents_experience; InfoPO's
+# and MatchTIR's fields: test_agent_needs.
+@pytest.mark.slow
 def test_turn_norm_and_expert_trace_family_scripts_run_quick(tmp_path):
   from configs import agents as agents_config
   from configs import turn_norm as turn_norm_config

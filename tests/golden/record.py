@@ -14,7 +14,9 @@ Float rounding of XLA's CPU programs depends on the CPU (measured: the same comm
 give other last bits on an AVX-512/AMX Xeon than where golden.json was recorded), so a
 machine whose records differ keeps its own: `--machine` records into
 machines/<machine_id()>.json, which `load` prefers on that machine; machines/aliases.json
-points a machine at another's file once all its cases were checked identical to it.
+points a machine at another's file once all its cases were checked identical to it. The
+Turns-field cases (cast_iid ... matchtir_iid) came later: golden.json holds them as recorded on
+cb3003afe061 (its other cases are the first machine's).
 """
 
 import os
@@ -143,6 +145,17 @@ CASES = {
     'agents_experience': Case('gigpo:experience', module='turn_norm', variant='slea',
                               edit=_set(sampler__min_count=1),
                               covers='sampler experience (library in aux state); turn credit'),
+    # The Turns fields a multi-turn problem computes for an estimator (`AgentProblem.turns`).
+    'cast_iid': Case('cast:iid', module='cast', edit=_set(sft__steps=100),  # moves that progress
+                     covers='turn fields solver_steps, values_star'),
+    'rebel_iid': Case('rebel:iid', module='milestones',
+                      covers='turn fields milestones, feedback_logprobs'),
+    'taco_tools_iid': Case('taco_tools:iid', module='tool_credit',
+                           covers='turn fields answer_logprobs, tool_probes'),
+    'ica_iid': Case('ica:iid', module='tool_credit', covers='turn field evidence_probes'),
+    'infopo_iid': Case('infopo:iid', module='expert_traces', covers='turn field info_gains'),
+    'matchtir_iid': Case('matchtir:iid', module='expert_traces',
+                         covers='turn field expert_matches'),
     'text_grpo_iid': Case('grpo:iid', module='lm', covers='text task (chain_sum) on a '
                           'pretrained HF fixture model (no SFT)',
                           edit=_set(lm__source='tests/fixtures/hf/llama_tied',
