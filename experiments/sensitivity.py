@@ -164,7 +164,13 @@ def run_cell(c, name: str, workdir: str, explicit=()) -> dict:
 
 
 def paired_values(summary: dict, method: str, ref: str, key: str):
-  """(a, b, seeds): the method's and its baseline's `key` on their shared seeds, finite."""
+  """(a, b, seeds): the method's and its baseline's `key` on their shared seeds, finite: as
+  the comparison paired them (at matched tokens: the pair's own budget), else (a summary
+  from before `values` were kept, two methods: the same budget) from the runs."""
+  e = summary.get('paired', {}).get('by_method', {}).get(method, {})
+  v = e.get('values', {}).get(key) if e.get('baseline') == ref else None
+  if v is not None:
+    return np.asarray(v['method'], float), np.asarray(v['baseline'], float), list(v['seeds'])
   base = {r['seed']: r.get(key, float('nan')) for r in summary['methods'][ref]}
   rows = [(r.get(key, float('nan')), base[r['seed']], r['seed'])
           for r in summary['methods'][method] if r['seed'] in base]
@@ -220,10 +226,16 @@ def cell_rows(summary: dict, baseline: str, r) -> list:
                group_size=runs[0].get('group_size'), seeds=[x['seed'] for x in runs],
                acc={k: float(np.nanmean([x.get(k, np.nan) for x in runs])) for k, _ in KEYS},
                per_seed={k: [x.get(k, float('nan')) for x in runs] for k, _ in KEYS})
+    row['budget_tokens'] = summary['matched_tokens'].get('budget_generated_tokens')
     for key, short in KEYS:
       if row['baseline'] is not None:
         a, b, _ = paired_values(summary, m, row['baseline'], key)
         row[short] = effect(a, b, r)
+    pair = summary.get('paired', {}).get('by_method', {}).get(m, {})
+    if row['baseline'] is not None and 'budget_generated_tokens' in pair:
+      # read at the pair's own budget (compare.paired_stats)
+      row['budget_tokens'] = pair['budget_generated_tokens']
+      row['acc']['acc_at_budget'] = float(np.mean(pair['values']['acc_at_budget']['method']))
     rows.append(row)
   return rows
 
@@ -423,17 +435,19 @@ def _num(x, fmt='.3f') -> str:
 
 def cell_table(rows: list, target: float) -> list:
   """Markdown lines: one row per method of a cell."""
-  lines = ['| method | baseline | n | acc at matched tokens | Δ at matched tokens [95 %] | '
-           'p (Holm) | MDE (tokens) | Δ at matched rollouts (final) [95 %] | p (Holm) | '
-           f'MDE (final) | seeds for ±{target:g} |',
-           '|---|---|---|---|---|---|---|---|---|---|---|']
+  lines = ['| method | baseline | n | matched tokens | acc at matched tokens | '
+           'Δ at matched tokens [95 %] | p (Holm) | MDE (tokens) | '
+           f'Δ at matched rollouts (final) [95 %] | p (Holm) | MDE (final) | seeds for ±{target:g} |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for row in rows:
     t, f = row.get('tokens', {}), row.get('final', {})
     need = t.get('seeds_for_target')
     need = '–' if not t else ('≤ n' if need is not None and need <= t['n'] else _num(need, 'd'))
     lines.append(
         f'| `{row["method"]}` | {"`" + row["baseline"] + "`" if row["baseline"] else "(baseline)"} '
-        f'| {t.get("n", len(row["seeds"]))} | {_num(row["acc"]["acc_at_budget"])} | {_ci(t)} | '
+        f'| {t.get("n", len(row["seeds"]))} | '
+        f'{_num((row.get("budget_tokens") or float("nan")) / 1e3, ".1f")}k | '
+        f'{_num(row["acc"]["acc_at_budget"])} | {_ci(t)} | '
         f'{_num(t.get("p_holm"))} | {_num(t.get("mde"))} | {_ci(f)} | {_num(f.get("p_holm"))} | '
         f'{_num(f.get("mde"))} | {need} |')
   return lines
@@ -444,8 +458,9 @@ def cell_header(name: str, info: dict) -> str:
   rollouts = sorted(set((info.get('rollouts_per_run') or {}).values()))
   horizon = f'{info["digits"]} digits, ' if info['digits'] else ''
   return (f'### `{name}`\n\n`{info["task"]}`, {horizon}G = {info["group_size"]}; SFT start: '
-          f'greedy {_num(info["start_acc"])}; rollouts per run {rollouts}; matched budget '
-          f'{_num((info["budget_tokens"] or float("nan")) / 1e3, ".1f")}k generated tokens'
+          f'greedy {_num(info["start_acc"])}; rollouts per run {rollouts}; every run reached '
+          f'{_num((info["budget_tokens"] or float("nan")) / 1e3, ".1f")}k generated tokens '
+          f'(a pair is read at the most both of its methods reached)'
           + (f'; **partial: {part["runs_done"]} of {part["runs_total"]} runs**' if part else '')
           + '.\n')
 

@@ -228,6 +228,42 @@ def test_fingerprint_ignores_the_sampler_fields_a_run_does_not_read():
   assert fp(p, 'ppo:iid') != fp(q, 'ppo:iid')
 
 
+def test_paired_matched_tokens_are_read_at_each_pairs_own_budget():
+  """A method whose runs generate fewer tokens (a tree sampler) lowers the comparison's
+  budget, not another pair's: TEMPO vs GRPO is read where both reached, with or without it."""
+  from experiments.training import compare
+
+  def run(seed, end, accs):  # eval rows at 0, end/2, end generated tokens
+    rows = [dict(step=i, generated_tokens_total=end * i / 2, greedy_acc=a)
+            for i, a in enumerate(accs)]
+    return dict(seed=seed, final_acc=accs[-1]), rows
+
+  runs = {'grpo:iid': [run(0, 1000, (0.5, 0.6, 0.7)), run(1, 1100, (0.5, 0.5, 0.8))],
+          'tempo:iid': [run(0, 1000, (0.5, 0.7, 0.9)), run(1, 1050, (0.5, 0.6, 0.6))],
+          'grpo:tree_entropy': [run(0, 600, (0.5, 0.6, 0.6)), run(1, 640, (0.5, 0.7, 0.7))]}
+
+  def paired(methods):
+    results = {m: [r for r, _ in runs[m]] for m in methods}
+    rows = {m: [rw for _, rw in runs[m]] for m in methods}
+    budget = compare.matched_budget(rows)
+    for m in methods:
+      for r, rw in zip(results[m], rows[m]):
+        r['acc_at_budget'] = compare.acc_at(rw, budget)
+    return compare.paired_stats(results, 'grpo:iid', rows=rows), budget
+
+  two, budget2 = paired(['grpo:iid', 'tempo:iid'])
+  three, budget3 = paired(['grpo:iid', 'tempo:iid', 'grpo:tree_entropy'])
+  assert (budget2, budget3) == (1000, 600)
+  assert two['tempo:iid'] == three['tempo:iid']  # the third method moves nothing of the pair
+  e = three['tempo:iid']
+  assert e['budget_generated_tokens'] == 1000
+  # seed 1 at 1000 tokens: GRPO 0.5 + 0.3 * (1000 - 550) / 550, TEMPO 0.6 (flat after 525)
+  want = np.mean([0.9 - 0.7, 0.6 - (0.5 + 0.3 * 450 / 550)])
+  assert e['acc_at_budget']['t']['mean'] == pytest.approx(want)
+  assert three['grpo:tree_entropy']['budget_generated_tokens'] == 600
+  assert three['grpo:tree_entropy']['baseline'] == 'grpo:iid'
+
+
 def test_quick_comparison_reports_matched_tokens_and_paired_intervals(tmp_path):
   """2 methods x 2 seeds on one tree sampler (shared compiled programs): generated tokens
   in the rows, accuracy at a matched generated-token budget, paired intervals vs GRPO."""

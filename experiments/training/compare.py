@@ -107,26 +107,48 @@ def baseline_for(method: str, methods, baseline: str):
   return ref if ref in methods and ref != method else None
 
 
-def paired_stats(results: dict, baseline: str, level: float = 0.95) -> dict:
-  """{method: {baseline, final_acc / acc_at_budget: {t, bootstrap}}}: paired over shared seeds."""
+def paired_stats(results: dict, baseline: str, level: float = 0.95, rows=None) -> dict:
+  """{method: {baseline, seeds, final_acc / acc_at_budget (/ acc_at_env_steps): {t, bootstrap},
+  values: {key: the paired values, seeds, method, baseline}}}: paired over shared seeds. With `rows` (each run's metric rows, ordered as `results`), the
+  matched-budget differences are read at the pair's own budget, the largest generated-token
+  count (environment-step count) every run of the two methods reached, kept in the entry as
+  budget_generated_tokens (budget_env_steps): another method in the comparison does not move
+  the pair's point. Without `rows`: the runs' own acc_at_budget (the comparison's budget)."""
   out = {}
   for m, runs in results.items():
     ref = baseline_for(m, list(results), baseline)
     if ref is None:
       continue
-    base = {r['seed']: r for r in results[ref]}
-    entry = dict(baseline=ref)
+    entry, base = dict(baseline=ref), results[ref]
+    if rows is not None:
+      runs, base, budgets = _at_pair_budget({m: runs, ref: base}, {m: rows[m], ref: rows[ref]})
+      entry.update(budgets)
+    base = {r['seed']: r for r in base}
     for key in ('final_acc', 'acc_at_budget', 'acc_at_env_steps'):
       if key not in runs[0]:
         continue
-      pairs = [(r[key], base[r['seed']][key]) for r in runs if r['seed'] in base]
+      pairs = [(r[key], base[r['seed']][key], r['seed']) for r in runs if r['seed'] in base]
       pairs = [p for p in pairs if np.isfinite(p[0]) and np.isfinite(p[1])]
-      a, b = np.asarray(pairs, float).reshape(-1, 2).T
+      a, b, seeds = np.asarray(pairs, float).reshape(-1, 3).T
       entry[key] = None if not pairs else {
           how: stats.paired_difference(a, b, level=level, method=how) for how in stats.METHODS}
+      entry.setdefault('values', {})[key] = dict(seeds=[int(x) for x in seeds], method=a.tolist(),
+                                                 baseline=b.tolist())
     entry['seeds'] = [r['seed'] for r in runs if r['seed'] in base]
     out[m] = entry
   return out
+
+
+def _at_pair_budget(results: dict, rows: dict):
+  """(runs of the first method, runs of the second, budgets): the two methods' run summaries
+  with acc_at_budget (and acc_at_env_steps, if they have it) read at the pair's budgets."""
+  keys = {'acc_at_budget': ('generated_tokens_total', 'budget_generated_tokens'),
+          'acc_at_env_steps': ('env_steps_total', 'budget_env_steps')}
+  keys = {k: v for k, v in keys.items() if k in next(iter(results.values()))[0]}
+  budgets = {name: matched_budget(rows, x) for x, name in keys.values()}
+  at = lambda m: [dict(r, **{k: acc_at(rw, budgets[name], x) for k, (x, name) in keys.items()})
+                  for r, rw in zip(results[m], rows[m])]
+  return (*(at(m) for m in results), budgets)
 
 
 def _over_seeds(results: dict, key: str) -> dict:
@@ -240,7 +262,7 @@ def _report(cfg, methods, grid, baseline, sft_info, cells, workdir: str, wall_s:
                  paired=dict(baseline=baseline, level=0.95, printed='t', intervals=(
                      't: mean ± t_{n-1,0.975} sd/sqrt(n); bootstrap: 2.5/97.5 % percentiles of '
                      '10,000 resampled mean differences (seed 0); n = 1: nan ends'),
-                     by_method=paired_stats(results, baseline)))
+                     by_method=paired_stats(results, baseline, rows=rows)))
   if done is not None:
     summary['partial'] = dict(runs_done=done, runs_total=total)
   if writer:  # atomic: a reader mid-comparison sees the previous summary or this one
@@ -373,18 +395,22 @@ def format_table(summary, pass_k) -> str:
   paired = summary.get('paired')
   if paired and paired.get('by_method'):
     lines.append(f'\nPaired differences vs baseline over seeds: mean [{100 * paired["level"]:.0f} % paired-t '
-                 f'interval] (bootstrap percentile intervals in summary.json)')
-    sub = f'{"method":>26} {"baseline":>20} {"n":>2} {"Δ final acc":>26} {"Δ " + at:>26}'
+                 f'interval] (bootstrap percentile intervals in summary.json); matched tokens: '
+                 f'the largest budget every run of the pair reached')
+    sub = (f'{"method":>26} {"baseline":>20} {"n":>2} {"Δ final acc":>26} '
+           f'{"Δ acc@matched tok":>26} {"at tok":>8}')
     lines += [sub, '-' * len(sub)]
     for m, e in paired['by_method'].items():
       pick = lambda k: None if e.get(k) is None else e[k][paired.get('printed', 't')]
       n = (pick('final_acc') or {}).get('n', 0)
+      pair_budget = e.get('budget_generated_tokens', budget)
       lines.append(f'{m:>26} {e["baseline"]:>20} {n:>2} {_ci(pick("final_acc")):>26} '
-                   f'{_ci(pick("acc_at_budget")):>26}')
+                   f'{_ci(pick("acc_at_budget")):>26} {pair_budget / 1e3:>7.1f}k')
   if 'budget_env_steps' in matched:
     steps = matched['budget_env_steps']
     lines.append(f'\nMulti-turn: success at {steps:.0f} environment steps (the most every run took; '
-                 f'forks\' copied turns excluded), mean±std, and paired Δ vs baseline')
+                 f'forks\' copied turns excluded), mean±std, and paired Δ vs baseline (at the '
+                 f'most every run of the pair took)')
     sub = f'{"method":>26} {"acc@env steps":>15} {"Δ acc@env steps":>26}'
     lines += [sub, '-' * len(sub)]
     by = (paired or {}).get('by_method', {})
