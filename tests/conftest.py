@@ -11,8 +11,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiling is most of the suite's time: XLA's backend optimizations are off in the tests
 # and their subprocesses (about 30 % less time; same programs, floats rounded a little
-# differently). The numbers a user gets are checked with them on: the golden matrix
-# (tests/golden/record.py, full_optimization) and the main job's pin (test_main_job.py).
+# differently; the golden matrix's fast subset has records taken so). The numbers a user gets
+# are checked with them on: the full golden matrix (slow; tests/golden/record.py) and the main
+# job's pin (test_main_job.py).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # One persistent compilation cache for the run, shared by the xdist workers (they inherit the
 # controller's environment) and the subprocesses tests start: without it every module

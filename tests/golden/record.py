@@ -4,6 +4,7 @@
 
     python tests/golden/record.py [--only NAME,...]   # (re)record into golden.json
     python tests/golden/record.py --check [--only ...]  # rerun, compare; exit 1 on a difference
+    python tests/golden/record.py --machine --no-opt --only NAME,...  # the suite's fast cases
     python tests/golden/record.py --write-checkpoints DIR   # with the old code: step 1 of each
     python tests/golden/record.py --resume-checkpoints DIR  # with the new: resume, compare
 
@@ -14,7 +15,10 @@ Float rounding of XLA's CPU programs depends on the CPU (measured: the same comm
 give other last bits on an AVX-512/AMX Xeon than where golden.json was recorded), so a
 machine whose records differ keeps its own: `--machine` records into
 machines/<machine_id()>.json, which `load` prefers on that machine; machines/aliases.json
-points a machine at another's file once all its cases were checked identical to it. The
+points a machine at another's file once all its cases were checked identical to it.
+`--no-opt` runs with XLA's optimizations off, as the default suite compiles, into
+machines/<id>.no-opt.json: the suite's fast subset is compared with those (bit for bit; a
+machine without them: its rows to rtol 1e-3 of the optimized records). The
 Turns-field cases (cast_iid ... matchtir_iid) came later: golden.json holds them as recorded on
 cb3003afe061 (its other cases are the first machine's).
 """
@@ -200,6 +204,8 @@ def warm_start(cfg, root: str):
   if loop.is_agent(cfg):
     key += json.dumps(cfg.agent.to_dict(), sort_keys=True, default=repr)
   fp = hashlib.sha1(key.encode()).hexdigest()[:12]
+  if not optimized():  # another program: another start
+    fp += '-no-opt'
   if fp not in _SFT:
     _SFT[fp] = loop.sft(cfg, os.path.join(root, f'sft-{fp}'), progress=False)[0]
   return _SFT[fp]
@@ -236,27 +242,38 @@ def checkpoint_record(workdir: str) -> dict:
               aux_keys=sorted(aux))
 
 
+FLAG = 'jax_disable_most_optimizations'
+
+
+def optimized() -> bool:
+  return not jax.config.values[FLAG]
+
+
 @contextlib.contextmanager
-def full_optimization():
-  """XLA's default optimizations inside (the records' programs, as users compile them), also
-  where the suite turns most of them off (tests/conftest.py): programs compiled either way
-  are dropped on the switch, as jit's in-memory cache does not tell them apart."""
-  flag = 'jax_disable_most_optimizations'
-  if not jax.config.values[flag]:
+def optimization(on: bool = True):
+  """XLA's default optimizations on inside (the records' programs, as users compile them) or
+  off (`on` False: as the suite compiles, tests/conftest.py): programs compiled the other way
+  are dropped on a switch, as jit's in-memory cache does not tell them apart."""
+  if optimized() == on:
     yield
     return
   jax.clear_caches()
-  jax.config.update(flag, False)
+  jax.config.update(FLAG, not on)
   try:
     yield
   finally:
     jax.clear_caches()
-    jax.config.update(flag, True)
+    jax.config.update(FLAG, on)
 
 
-def run_case(name: str, root: str) -> dict:
-  """Runs case `name` under `root` (its SFT start shared there); returns its record."""
-  with full_optimization():
+def full_optimization():
+  return optimization(True)
+
+
+def run_case(name: str, root: str, optimize: bool = True) -> dict:
+  """Runs case `name` under `root` (its SFT start shared there), with XLA's optimizations on
+  or off; returns its record."""
+  with optimization(optimize):
     return _run_case(name, root)
 
 
@@ -285,13 +302,15 @@ def _run_case(name: str, root: str) -> dict:
 
 
 def _run_elsewhere(name: str, devices: int) -> dict:
-  """Case `name` in a subprocess with `devices` host devices (fixed when JAX starts)."""
+  """Case `name` in a subprocess with `devices` host devices (fixed when JAX starts), compiled
+  as here (optimizations on or off)."""
   # First: XLA stops reading flags at the suite's bare 'intra_op_parallelism_threads=1'.
-  env = dict(os.environ, GOLDEN_CHILD='1', JAX_DISABLE_MOST_OPTIMIZATIONS='0', XLA_FLAGS=(
+  env = dict(os.environ, GOLDEN_CHILD='1', XLA_FLAGS=(
       f'--xla_force_host_platform_device_count={devices} {os.environ.get("XLA_FLAGS", "")}'))
   with tempfile.TemporaryDirectory(prefix='golden-') as tmp:
     out = os.path.join(tmp, 'record.json')
-    subprocess.run([sys.executable, os.path.abspath(__file__), '--only', name, '--out', out],
+    subprocess.run([sys.executable, os.path.abspath(__file__), '--only', name, '--out', out,
+                    *([] if optimized() else ['--no-opt'])],
                    env=env, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
       return json.load(f)[name]
@@ -339,18 +358,19 @@ def records_id() -> str:
   return aliases.get(machine_id(), machine_id())
 
 
-def machine_path() -> str:
-  return os.path.join(HERE, 'machines', records_id() + '.json')
+def machine_path(optimize: bool = True) -> str:
+  return os.path.join(HERE, 'machines', records_id() + ('.json' if optimize else '.no-opt.json'))
 
 
-def load() -> tuple[dict, bool]:
-  """(records, whether they were recorded on a machine like this one): this machine's own
-  (machines/<machine_id()>.json) if any, else golden.json (False, unless golden.json's
-  machine matches)."""
-  own = os.path.exists(machine_path())
-  with open(machine_path() if own else GOLDEN) as f:
-    records = json.load(f)
-  return records, own
+def load(optimize: bool = True) -> tuple[dict, bool]:
+  """(records, whether they are this machine's own, compiled the same way): its own
+  (machines/<machine_id()>[.no-opt].json) if any, else the optimized records (its own or
+  golden.json's; False then, unless optimized and golden.json's machine matches)."""
+  path = machine_path(optimize)
+  if not os.path.exists(path):
+    return load(True)[0] if not optimize else json.load(open(GOLDEN)), False
+  with open(path) as f:
+    return json.load(f), True
 
 
 def close(name: str, want: dict, got: dict, rtol: float = 1e-3) -> list[str]:
@@ -376,6 +396,9 @@ def main(argv=None) -> int:
   p.add_argument('--out', default=GOLDEN, help='where to write the records (default golden.json)')
   p.add_argument('--machine', action='store_true',
                  help="record into this machine's own file (machines/<machine_id()>.json)")
+  p.add_argument('--no-opt', action='store_true',
+                 help="XLA's optimizations off, as the suite compiles (with --machine: into "
+                      "machines/<machine_id()>.no-opt.json)")
   p.add_argument('--write-checkpoints', default='', metavar='DIR',
                  help="run step 1 of each single-device case into DIR (with the old code)")
   p.add_argument('--resume-checkpoints', default='', metavar='DIR',
@@ -383,19 +406,21 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.write_checkpoints or args.resume_checkpoints:
     return old_checkpoints(args.write_checkpoints, args.resume_checkpoints, args.only)
+  optimize = not args.no_opt
   if args.machine:
     os.makedirs(os.path.dirname(machine_path()), exist_ok=True)
-    args.out = machine_path()
+    args.out = machine_path(optimize)
   names = [n for n in args.only.split(',') if n] or list(CASES)
   unknown = [n for n in names if n not in CASES]
   if unknown:
     p.error(f'unknown cases {unknown}; known: {", ".join(CASES)}')
   got, failures = {}, []
-  with tempfile.TemporaryDirectory(prefix='golden-') as root:
+  # One compile mode for the whole run (a switch drops the compiled programs).
+  with tempfile.TemporaryDirectory(prefix='golden-') as root, optimization(optimize):
     for name in names:
       t0 = time.time()
       try:
-        got[name] = run_case(name, root)
+        got[name] = run_case(name, root, optimize)
       except Exception:  # noqa: BLE001 (reported; the other cases still run)
         traceback.print_exc()
         failures.append(f'{name}: failed to run')
@@ -403,13 +428,13 @@ def main(argv=None) -> int:
       if not args.check and name in got:  # kept as it goes (a killed run keeps its cases)
         save(args.out, got)
   if args.check:
-    want, own = load()
-    source = machine_path() if own else GOLDEN
+    want, own = load(optimize)
+    source = machine_path(optimize) if own else 'the optimized records'
     for name in got:
       if name not in want:
         failures.append(f'{name}: not in {source}')
       else:
-        failures += diff(name, want[name], got[name])
+        failures += (diff if own else close)(name, want[name], got[name])
     print('\n'.join(failures) or f'{len(names)} cases identical to {source}')
     return 1 if failures else 0
   if failures:
