@@ -46,29 +46,64 @@ def strip(rows):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-def test_quick_experiment_writes_metrics_plots_checkpoints(tmp_path, offline_wandb):
+def test_quick_comparison_writes_metrics_plots_checkpoints_and_paired_intervals(
+    tmp_path, offline_wandb):
+  """The main job's script on 3 methods x 2 seeds (one SFT start, programs shared across the
+  runs): every sink, checkpoint and plot; generated tokens in the rows (forks' copied
+  prefixes excluded), accuracy at matched generated tokens, paired intervals vs GRPO on the
+  method's own sampler."""
   cfg = quick_cfg(default_task=True)
   cfg.log.sinks = 'jsonl,tensorboard,wandb'  # not fingerprinted: the same runs as without
+  cfg.seeds, cfg.methods = (0, 1), 'grpo:iid,grpo:tree_entropy,tempo:tree_entropy'
+  cfg.rl.steps, cfg.eval.num_prompts = 2, 16
   summary = tempo_script.run_experiment(cfg, str(tmp_path))
-  assert set(summary['methods']) == {'grpo:iid', 'tempo:tree_entropy'}
-  for d in ('grpo_iid/seed0', 'tempo_tree_entropy/seed0'):
-    rows = loop.read_metrics(tmp_path / d / 'metrics.jsonl')
-    assert [r['step'] for r in rows] == list(range(cfg.rl.steps + 1))
-    last = rows[-1]
-    for k in ('wall_s', 'method', 'reward', 'loss', 'clip_frac', 'approx_kl', 'entropy',
-              'grad_norm', 'greedy_acc', f'pass@{cfg.eval.pass_k}', 'sample_s', 'credit_s',
-              'update_s', 'sampled_tokens_per_s', 'train_tokens_per_s'):
-      assert k in last, k
-    assert os.listdir(tmp_path / d / 'checkpoints')
-    scalars = test_tracking.tensorboard_scalars(tmp_path / d / 'tensorboard')
-    assert sorted(scalars) == [r['step'] for r in rows]
-    assert scalars[rows[-1]['step']]['reward'] == pytest.approx(rows[-1]['reward'], rel=1e-7)
-    assert glob.glob(str(tmp_path / d / 'wandb' / 'offline-run-*' / 'run-*.wandb'))
-  for f in ('curves_vs_step.png', 'curves_vs_wall.png', 'summary.json'):
-    assert (tmp_path / f).stat().st_size > 0
+  methods = ('grpo:iid', 'grpo:tree_entropy', 'tempo:tree_entropy')
+  assert tuple(summary['methods']) == methods
+  ends = {}
+  for m in methods:
+    for seed in (0, 1):
+      d = tmp_path / m.replace(':', '_') / f'seed{seed}'
+      rows = loop.read_metrics(d / 'metrics.jsonl')
+      assert [r['step'] for r in rows] == list(range(cfg.rl.steps + 1))
+      for k in ('wall_s', 'method', 'reward', 'loss', 'clip_frac', 'approx_kl', 'entropy',
+                'grad_norm', 'greedy_acc', f'pass@{cfg.eval.pass_k}', 'sample_s', 'credit_s',
+                'update_s', 'sampled_tokens_per_s', 'train_tokens_per_s'):
+        assert k in rows[-1], k
+      assert os.listdir(d / 'checkpoints')
+      scalars = test_tracking.tensorboard_scalars(d / 'tensorboard')
+      assert sorted(scalars) == [r['step'] for r in rows]
+      assert scalars[rows[-1]['step']]['reward'] == pytest.approx(rows[-1]['reward'], rel=1e-7)
+      assert glob.glob(str(d / 'wandb' / 'offline-run-*' / 'run-*.wandb'))
+      gen = [r['generated_tokens'] for r in rows[1:]]
+      rows_per_step = cfg.rl.prompts_per_step * cfg.sampler.group_size
+      sampled = [r['response_len'] * rows_per_step for r in rows[1:]]  # mean length x rows
+      if m.endswith('tree_entropy'):  # forks' copied prefixes excluded
+        assert all(0 < g < s for g, s in zip(gen, sampled)), m
+      else:
+        assert gen == pytest.approx(sampled), m
+      assert [r['generated_tokens_total'] for r in rows[1:]] == pytest.approx(np.cumsum(gen))
+      ends[m, seed] = rows[-1]['generated_tokens_total']
   assert os.listdir(tmp_path / 'sft' / 'checkpoints')
-  table = tempo_script.format_table(json.load(open(tmp_path / 'summary.json')), cfg.eval.pass_k)
-  assert 'tempo:tree_entropy' in table
+  saved = json.load(open(tmp_path / 'summary.json'))
+  matched = saved['matched_tokens']
+  assert matched['budget_generated_tokens'] == min(ends.values())
+  for m in methods:
+    assert len(matched['acc'][m]['per_seed']) == 2
+    assert all(0 <= r['acc_at_budget'] <= 1 for r in saved['methods'][m])
+  paired = saved['paired']['by_method']
+  assert {m: e['baseline'] for m, e in paired.items()} == {
+      'grpo:tree_entropy': 'grpo:iid', 'tempo:tree_entropy': 'grpo:tree_entropy'}
+  e = paired['tempo:tree_entropy']
+  assert e['seeds'] == [0, 1] and e['budget_generated_tokens'] == min(
+      ends[m, s] for m in ('grpo:tree_entropy', 'tempo:tree_entropy') for s in (0, 1))
+  for key in ('final_acc', 'acc_at_budget'):
+    for how in ('t', 'bootstrap'):
+      st = e[key][how]
+      assert st['n'] == 2 and st['method'] == how and st['lo'] <= st['mean'] <= st['hi']
+  for f in ('curves_vs_step.png', 'curves_vs_wall.png', 'curves_vs_generated_tokens.png'):
+    assert (tmp_path / f).stat().st_size > 0
+  table = tempo_script.format_table(saved, cfg.eval.pass_k)
+  assert 'acc@' in table and 'paired-t' in table and 'tempo:tree_entropy' in table
 
 
 @pytest.mark.slow  # ~28 s; resume and interrupts: test_resume, test_golden's resume_grpo_iid
@@ -264,42 +299,8 @@ def test_paired_matched_tokens_are_read_at_each_pairs_own_budget():
   assert three['grpo:tree_entropy']['baseline'] == 'grpo:iid'
 
 
-def test_quick_comparison_reports_matched_tokens_and_paired_intervals(tmp_path):
-  """2 methods x 2 seeds on one tree sampler (shared compiled programs): generated tokens
-  in the rows, accuracy at a matched generated-token budget, paired intervals vs GRPO."""
+def test_baseline_is_grpo_on_the_methods_own_sampler():
   from experiments.training import compare
-  cfg = quick_cfg()
-  cfg.seeds = (0, 1)
-  cfg.methods = 'grpo:tree_entropy,tempo:tree_entropy'
-  cfg.rl.steps, cfg.eval.num_prompts, cfg.train.packing = 2, 16, 'none'  # fewer compiles
-  compare.run_experiment(cfg, str(tmp_path))
-  ends = []
-  for m in ('grpo_tree_entropy', 'tempo_tree_entropy'):
-    for seed in (0, 1):
-      rows = loop.read_metrics(tmp_path / m / f'seed{seed}' / 'metrics.jsonl')
-      gen = [r['generated_tokens'] for r in rows[1:]]
-      sampled = [r['response_len'] * cfg.rl.prompts_per_step * 4 for r in rows[1:]]
-      assert all(0 < g < s for g, s in zip(gen, sampled))  # forks' copied prefixes excluded
-      assert [r['generated_tokens_total'] for r in rows[1:]] == pytest.approx(np.cumsum(gen))
-      ends.append(rows[-1]['generated_tokens_total'])
-  saved = json.load(open(tmp_path / 'summary.json'))
-  matched = saved['matched_tokens']
-  assert matched['budget_generated_tokens'] == min(ends)
-  for m in ('grpo:tree_entropy', 'tempo:tree_entropy'):
-    assert len(matched['acc'][m]['per_seed']) == 2
-    assert all(0 <= r['acc_at_budget'] <= 1 for r in saved['methods'][m])
-  paired = saved['paired']['by_method']
-  assert set(paired) == {'tempo:tree_entropy'}  # vs GRPO on the same sampler
-  e = paired['tempo:tree_entropy']
-  assert e['baseline'] == 'grpo:tree_entropy' and e['seeds'] == [0, 1]
-  for key in ('final_acc', 'acc_at_budget'):
-    for how in ('t', 'bootstrap'):
-      st = e[key][how]
-      assert st['n'] == 2 and st['method'] == how and st['lo'] <= st['mean'] <= st['hi']
-  assert (tmp_path / 'curves_vs_generated_tokens.png').stat().st_size > 0
-  assert (tmp_path / 'curves_vs_wall.png').stat().st_size > 0
-  table = compare.format_table(saved, cfg.eval.pass_k)
-  assert 'acc@' in table and 'paired-t' in table and 'grpo:tree_entropy' in table
   # Baselines: GRPO on the method's own sampler, else config.baseline, never itself.
   ms = ['grpo:iid', 'tempo:iid', 'grpo:tree_entropy', 'tempo:tree_entropy', 'spo_tree:tree_fixed']
   assert [compare.baseline_for(m, ms, 'grpo:iid') for m in ms] == [
