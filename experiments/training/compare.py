@@ -109,11 +109,13 @@ def baseline_for(method: str, methods, baseline: str):
 
 def paired_stats(results: dict, baseline: str, level: float = 0.95, rows=None) -> dict:
   """{method: {baseline, seeds, final_acc / acc_at_budget (/ acc_at_env_steps): {t, bootstrap},
-  values: {key: the paired values, seeds, method, baseline}}}: paired over shared seeds. With `rows` (each run's metric rows, ordered as `results`), the
-  matched-budget differences are read at the pair's own budget, the largest generated-token
-  count (environment-step count) every run of the two methods reached, kept in the entry as
-  budget_generated_tokens (budget_env_steps): another method in the comparison does not move
-  the pair's point. Without `rows`: the runs' own acc_at_budget (the comparison's budget)."""
+  values: {key: the paired values, seeds, method, baseline}}}: paired over shared seeds.
+
+  With `rows` (each run's metric rows, ordered as `results`), the matched-budget differences
+  are read at the pair's own budget, the largest generated-token count (environment-step
+  count) every run of the two methods reached, kept in the entry as budget_generated_tokens
+  (budget_env_steps): another method in the comparison does not move the pair's point.
+  Without `rows`: the runs' own acc_at_budget (the comparison's budget)."""
   out = {}
   for m, runs in results.items():
     ref = baseline_for(m, list(results), baseline)

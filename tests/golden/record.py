@@ -18,9 +18,9 @@ machines/<machine_id()>.json, which `load` prefers on that machine; machines/ali
 points a machine at another's file once all its cases were checked identical to it.
 `--no-opt` runs with XLA's optimizations off, as the default suite compiles, into
 machines/<id>.no-opt.json: the suite's fast subset is compared with those (bit for bit; a
-machine without them: its rows to rtol 1e-3 of the optimized records). The
-Turns-field cases (cast_iid ... matchtir_iid) came later: golden.json holds them as recorded on
-cb3003afe061 (its other cases are the first machine's).
+machine without them: its rows to rtol 1e-3 of the optimized records). The Turns-field cases
+(cast_iid ... matchtir_iid) came later: golden.json holds them as recorded on cb3003afe061
+(its other cases are the first machine's).
 """
 
 import os
@@ -266,10 +266,6 @@ def optimization(on: bool = True):
     jax.config.update(FLAG, on)
 
 
-def full_optimization():
-  return optimization(True)
-
-
 def run_case(name: str, root: str, optimize: bool = True) -> dict:
   """Runs case `name` under `root` (its SFT start shared there), with XLA's optimizations on
   or off; returns its record."""
@@ -365,12 +361,14 @@ def machine_path(optimize: bool = True) -> str:
 def load(optimize: bool = True) -> tuple[dict, bool]:
   """(records, whether they are this machine's own, compiled the same way): its own
   (machines/<machine_id()>[.no-opt].json) if any, else the optimized records (its own or
-  golden.json's; False then, unless optimized and golden.json's machine matches)."""
+  golden.json's) and False."""
   path = machine_path(optimize)
   if not os.path.exists(path):
-    return load(True)[0] if not optimize else json.load(open(GOLDEN)), False
+    if not optimize:
+      return load(True)[0], False
+    path = GOLDEN
   with open(path) as f:
-    return json.load(f), True
+    return json.load(f), path != GOLDEN
 
 
 def close(name: str, want: dict, got: dict, rtol: float = 1e-3) -> list[str]:
