@@ -26,7 +26,7 @@ GRANULARITIES = ("token", "step")
 
 @register("mc_values")
 def mc_values(rollouts: Rollouts, granularity: str = "token", scale_by_std: bool = False,
-              step_ends=None, eps: float = 1e-6):
+              step_ends=None, leave_one_out: bool = False, eps: float = 1e-6):
   """Monte Carlo values at forks (VinePPO's A = V̂(s_{t+1}) − V̂(s_t), issue 24 item 3).
 
   V̂(s) is the mean reward of the group's responses through prefix s
@@ -37,14 +37,21 @@ def mc_values(rollouts: Rollouts, granularity: str = "token", scale_by_std: bool
   response the credit telescopes to V̂(its full prefix) − μ, which is R_i − μ (Dr. GRPO's
   advantage) unless longer responses extend it; it sits on the tokens where the tree
   branches (with no branching past the root, on the first token). This is TEMPO's temporal-difference term without its
-  outcome term. `scale_by_std` divides by the group's σ + ε (GRPO's scale). Returns
-  float32 [..., G, L], 0 on masked tokens.
+  outcome term. `scale_by_std` divides by the group's σ + ε (GRPO's scale).
+  `leave_one_out`: response i's V̂(s) is the mean over the other responses through s, as
+  VinePPO's rollouts from s are not the trajectory itself (docs/conventions.md); where no
+  other response passes (after its last fork) V̂(s) = R_i, so those tokens get 0 and the
+  credit telescopes to R_i − the others' mean (RLOO's advantage). Returns float32
+  [..., G, L], 0 on masked tokens.
   """
   if granularity not in GRANULARITIES:
     raise ValueError(f"mc_values granularity={granularity!r}; valid: {', '.join(GRANULARITIES)}.")
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
   tree = tree_of(rollouts)
-  v_before, v_after = trees.prefix_values(tree, rewards)
+  if leave_one_out:
+    v_before, v_after = (_others_mean(tree, rewards, before) for before in (True, False))
+  else:
+    v_before, v_after = trees.prefix_values(tree, rewards)
   adv = jnp.where(tree.mask, v_after - v_before, 0.0)
   if granularity == "step":
     ends = rollouts.step_ends if step_ends is None else step_ends
@@ -59,6 +66,16 @@ def mc_values(rollouts: Rollouts, granularity: str = "token", scale_by_std: bool
   if scale_by_std:
     adv = adv / (group_stats(rewards)[1] + eps)[..., None]
   return jnp.where(tree.mask, adv, 0.0)
+
+
+def _others_mean(tree, rewards, before: bool):
+  """[..., G, L]: the mean reward of the other responses through each token's state (before
+  or after it), the response's own where none passes."""
+  at = lambda x: trees.to_tokens(tree, x, before=before)
+  total, count = at(trees.node_sum(tree, rewards)), at(trees.node_count(tree, rewards))
+  own = rewards[..., None]
+  others = (total - own) / jnp.maximum(count - 1.0, 1.0)
+  return jnp.where(tree.mask, jnp.where(count > 1.0, others, own), 0.0)
 
 
 @register("ppo_turns", needs=("turns", "values"))

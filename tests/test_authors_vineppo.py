@@ -143,6 +143,38 @@ def test_difference_the_trajectorys_own_outcome_is_one_of_its_mc_samples():
   np.testing.assert_allclose(others, [0, 0, 1, 1], atol=1e-12)
 
 
+@settings(max_examples=25, deadline=None)
+@given(groups())
+def test_leave_one_out_is_the_authors_with_the_other_responses_as_rollouts(group):
+  """`leave_one_out=True`: the rollouts at a prefix are the other responses through it (where
+  none is, the trajectory's own outcome: no credit after its last fork); along a response the
+  token credit telescopes to R_i minus the others' mean (RLOO)."""
+  tokens, lengths, rewards, ends = group
+  step, mask = project(tokens, lengths, rewards, ends, granularity='step', leave_one_out=True)
+  token, _ = project(tokens, lengths, rewards, leave_one_out=True)
+  for i in range(G):
+    rollouts = lambda b: through(tokens, lengths, rewards, i, b, own=False) or [rewards[i]]
+    np.testing.assert_allclose(step[i, :lengths[i]], vineppo_authors(
+        bounds_of(ends[i], lengths[i]), rewards[i], rollouts), atol=1e-6)
+    np.testing.assert_allclose(token[i, :lengths[i]], vineppo_authors(
+        list(range(lengths[i] + 1)), rewards[i], rollouts), atol=1e-6)
+    rloo = rewards[i] - np.mean([r for j, r in enumerate(rewards) if j != i])
+    np.testing.assert_allclose(token[i].sum(), rloo, atol=1e-5)
+  assert np.all(step[~mask] == 0) and np.all(token[~mask] == 0)
+
+
+def test_leave_one_out_gives_the_authors_value_on_the_minimal_case():
+  """The case above with `leave_one_out=True`: response 0's second step gets 1, as the
+  authors' code gives it with the two other responses as rollouts."""
+  tokens = np.array([[1, 2, 3, EOS, 0, 0], [1, 2, 4, EOS, 0, 0], [1, 2, 5, EOS, 0, 0]])
+  ends = np.zeros((3, L), bool)
+  ends[:, 1] = True
+  got, _ = project(tokens, [4, 4, 4], [1.0, 0.0, 0.0], ends, granularity='step',
+                   leave_one_out=True)
+  np.testing.assert_allclose(got[0, :4], [0, 0, 1, 1], atol=1e-6)  # V(root) = V(step 1) = 0
+  np.testing.assert_allclose(got[1, :4], [0, 0, -0.5, -0.5], atol=1e-6)  # V = 1/2, 1/2
+
+
 def test_convention_the_authors_cap_the_steps_that_get_a_value():
   """The GSM8K configs set `max_step_for_value_estimation` = 25: past it no value is estimated,
   the filled values equal R, the step at the cap gets R − V and later steps 0. The project has
