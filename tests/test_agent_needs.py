@@ -75,7 +75,7 @@ def test_turns_compute_exactly_the_fields_asked_for(batch):
   for field in HOUSEHOLD_NEEDS:
     turns = problem.turns(params, draw, samples, needs=('turns', field))
     credit.validate_turns(turns, samples)
-    # (a masked probe is compared with the plain one: both come)
+    # a masked probe comes with the plain one (TACO and ICA compare the two)
     also = {'answer_logprobs'} if field in ('tool_probes', 'evidence_probes') else set()
     assert {f for f in TURN_NEEDS if getattr(turns, f) is not None} == {field} | also
     got, want = np.asarray(getattr(turns, field)), np.asarray(expected(field, problem, params,
