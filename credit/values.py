@@ -49,7 +49,7 @@ def mc_values(rollouts: Rollouts, granularity: str = "token", scale_by_std: bool
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
   tree = tree_of(rollouts)
   if leave_one_out:
-    v_before, v_after = (_others_mean(tree, rewards, before) for before in (True, False))
+    v_before, v_after = _others_mean(tree, rewards)
   else:
     v_before, v_after = trees.prefix_values(tree, rewards)
   adv = jnp.where(tree.mask, v_after - v_before, 0.0)
@@ -68,14 +68,18 @@ def mc_values(rollouts: Rollouts, granularity: str = "token", scale_by_std: bool
   return jnp.where(tree.mask, adv, 0.0)
 
 
-def _others_mean(tree, rewards, before: bool):
-  """[..., G, L]: the mean reward of the other responses through each token's state (before
-  or after it), the response's own where none passes."""
-  at = lambda x: trees.to_tokens(tree, x, before=before)
-  total, count = at(trees.node_sum(tree, rewards)), at(trees.node_count(tree, rewards))
+def _others_mean(tree, rewards):
+  """(before, after), each [..., G, L]: the mean reward of the other responses through each
+  token's state before and after it, the response's own where none passes."""
+  total, count = trees.node_sum(tree, rewards), trees.node_count(tree, rewards)
   own = rewards[..., None]
-  others = (total - own) / jnp.maximum(count - 1.0, 1.0)
-  return jnp.where(tree.mask, jnp.where(count > 1.0, others, own), 0.0)
+
+  def at(before):
+    t, n = (trees.to_tokens(tree, x, before=before) for x in (total, count))
+    return jnp.where(tree.mask, jnp.where(n > 1.0, (t - own) / jnp.maximum(n - 1.0, 1.0), own),
+                     0.0)
+
+  return at(True), at(False)
 
 
 @register("ppo_turns", needs=("turns", "values"))

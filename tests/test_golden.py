@@ -21,6 +21,8 @@ FAST = ('grpo_iid', 'resume_grpo_iid', 'grpo_lagged', 'grpo_knapsack', 'r3_pool'
 # A float tie that flips on another CPU (siop's modal answer): only this machine's own records
 # decide these; a machine without them skips them (its rows differ by more than rounding).
 TIE_FLIPS = ('siop_iid',)
+# (records, this machine's own) for the programs users compile and for the suite's.
+RECORDS = {optimize: record.load(optimize) for optimize in (True, False)}
 
 
 @pytest.fixture(scope='module')
@@ -37,7 +39,7 @@ def optimized():
 def check(name, root, optimize):
   """Bit for bit against this machine's records compiled the same way; without those, the
   rows to float tolerance (`record.close`) of the optimized ones."""
-  want, own = record.load(optimize)
+  want, own = RECORDS[optimize]
   got = record.run_case(name, root, optimize)
   diffs = record.diff(name, want[name], got)
   if diffs and not own:
@@ -62,7 +64,7 @@ def test_matrix_is_recorded():
   """Every case has a record, the fast ones also compiled as the suite compiles (where this
   machine has such records); the resumed run equals the uninterrupted one."""
   for optimize, names in ((True, record.CASES), (False, FAST)):
-    records, _ = record.load(optimize)
+    records, _ = RECORDS[optimize]
     assert set(names) <= set(records)
     assert records['resume_grpo_iid'] == records['grpo_iid']
-  assert sorted(record.load()[0]) == sorted(record.CASES)
+  assert sorted(RECORDS[True][0]) == sorted(record.CASES)
