@@ -16,7 +16,7 @@ from credit import catalogue  # noqa: F401  (the method catalogue; `python -m cr
 from credit.vocabulary import NEEDS  # noqa: F401  (the vocabulary of `needs`)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
 from credit.registry import (ALIASES, canonical, check_hparams, get, hparam_names, init_state,
-                             loss_mask, names, needs, register, row_masked, stateful,
+                             loss_mask, names, needs, per_prompt, register, row_masked, stateful,
                              update_state)
 from credit.returns import (discounted_returns, gae_advantages, outcome_token_rewards,
                             reverse_linear_scan, td_lambda_returns)

@@ -141,8 +141,8 @@ PAPERS = {
 # Readings where a stand-in replaces the quantity the method is about (issue 40, item 4).
 STAND_INS = {
     'verl_rank': 'the effective rank of hashed one-hot token ids, not of hidden states',
-    'aapo': "a global EMA of the batch reward, not a reference-model response's reward",
-    'outcome_explore': 'no historical (per-prompt UCB) exploration bonus, only the batch term',
+    'aapo': ("an EMA of the prompt's earlier rewards (with rl.prompt_pool; else of the batch "
+             "reward), not a reference-model response's reward"),
     'progress_advantage': 'a trajectory-scoring quantity used as a training bonus',
     'progress_advantage_step': 'a trajectory-scoring quantity used as a training bonus',
     'siop': 'all target mass on the modal answer: the reliability-aware part is dropped',

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from credit.groups import all_equal, to_tokens
+from credit.history import pool_ids
 from credit.outcome import grpo_per_response  # noqa: F401  (also used by credit.difficulty)
 from credit.registry import register
 from credit.rollouts import Rollouts
@@ -152,8 +153,9 @@ def gepo(rollouts: Rollouts, attenuation: float = 0.5, kappa: float = 0.5,
 
   β = `attenuation` (0 gives GRPO exactly), κ = `kappa`. Our reading of "adaptive
   thresholds from historical entropy statistics": the state carries EMAs (rate `momentum`)
-  of the batch mean of H_g and of H_g² over steps — one global history, since prompts are
-  fresh each step — and the thresholds use the state after folding in this batch (so the
+  of the batch mean of H_g and of H_g² over steps — one global history, as the statistics
+  are of the policy's entropy, not of a prompt — and the thresholds use the state after
+  folding in this batch (so the
   first batch uses its own statistics). The hard thresholds and the defaults are ours.
   `rollouts.credit_state` None means the initial state. Needs `entropy`.
   """
@@ -253,8 +255,7 @@ def verl_rank(rollouts: Rollouts, beta: float = 0.1, buckets: int = 64, eps: flo
   GRPO exactly); the gate and tanh bound are ours. Empty responses get A^GRPO (0 tokens).
   """
   check_range("beta", beta, 0.0)
-  if int(buckets) != buckets or buckets < 1:
-    raise ValueError(f"buckets must be a positive integer; got {buckets}.")
+  _check_buckets(buckets)
   mask = rollouts.mask
   er = prefix_effective_rank(rollouts.tokens, mask, int(buckets))
   n = jnp.sum(mask, axis=-1)
@@ -269,39 +270,81 @@ def verl_rank(rollouts: Rollouts, beta: float = 0.1, buckets: int = 64, eps: flo
   return to_tokens(adv + beta * jnp.tanh(phi), mask)
 
 
-def _same_outcome(tokens, mask, answer_tokens):
-  """bool [..., G, G]: responses i and j have the same outcome — the same last
-  `answer_tokens` tokens (right-aligned; None: the same whole response)."""
+def _outcome(tokens, mask, answer_tokens):
+  """(keep, tokens) [..., G, A]: a response's outcome — its last `answer_tokens` tokens
+  (right-aligned, keep False before the response's start; None: the whole response)."""
   tokens = jnp.asarray(tokens)
   if answer_tokens is None:
-    keep, tok = mask, tokens
-  else:
-    n = jnp.sum(mask, axis=-1, keepdims=True)
-    idx = n - answer_tokens + jnp.arange(answer_tokens)
-    keep = idx >= 0
-    tok = jnp.take_along_axis(tokens, jnp.clip(idx, 0, tokens.shape[-1] - 1), axis=-1)
+    return mask, tokens
+  n = jnp.sum(mask, axis=-1, keepdims=True)
+  idx = n - answer_tokens + jnp.arange(answer_tokens)
+  return idx >= 0, jnp.take_along_axis(tokens, jnp.clip(idx, 0, tokens.shape[-1] - 1), axis=-1)
+
+
+def _same_outcome(tokens, mask, answer_tokens):
+  """bool [..., G, G]: responses i and j have the same outcome (`_outcome`)."""
+  keep, tok = _outcome(tokens, mask, answer_tokens)
   ki, kj = keep[..., :, None, :], keep[..., None, :, :]
   ti, tj = tok[..., :, None, :], tok[..., None, :, :]
   return jnp.all((ki == kj) & (~ki | (ti == tj)), axis=-1)
 
 
-@register("outcome_explore")
+def _outcome_bucket(tokens, mask, answer_tokens, buckets: int):
+  """int32 [..., G]: each response's outcome hashed into `buckets` counters (a multiplicative
+  hash of the kept tokens and their positions; outcomes that collide share a counter)."""
+  keep, tok = _outcome(tokens, mask, answer_tokens)
+  mult = jnp.cumprod(jnp.full(tok.shape[-1], 2654435761, jnp.uint32))  # wraps mod 2^32
+  h = jnp.sum(jnp.where(keep, (tok.astype(jnp.uint32) + 1) * mult, 0), -1, dtype=jnp.uint32)
+  h = h ^ (h >> 15)
+  return (h % jnp.uint32(buckets)).astype(jnp.int32)
+
+
+def _explore_init(prompts: int = 0, buckets: int = 64, **_):
+  """Per-prompt outcome counts [prompts, buckets], or None (fresh prompts: no history)."""
+  _check_buckets(buckets)
+  return ({"outcome_counts": jnp.zeros((int(prompts), int(buckets)), jnp.float32)}
+          if prompts else None)
+
+
+def _explore_update(state, rollouts, answer_tokens=None, **_):
+  """Each response's outcome counted once for its prompt."""
+  if state is None:
+    return None
+  counts = jnp.asarray(state["outcome_counts"])
+  pool, buckets = counts.shape
+  ids = pool_ids(rollouts, pool, "outcome_explore")
+  b = _outcome_bucket(rollouts.tokens, rollouts.mask, answer_tokens, buckets)
+  rows = jnp.broadcast_to(ids[..., None], b.shape)
+  return {"outcome_counts": counts.at[rows.ravel(), b.ravel()].add(1.0)}
+
+
+def _check_buckets(buckets):
+  if int(buckets) != buckets or buckets < 1:
+    raise ValueError(f"buckets must be a positive integer; got {buckets}.")
+
+
+@register("outcome_explore", state=(_explore_init, _explore_update))
 def outcome_explore(rollouts: Rollouts, coef: float = 0.1, answer_tokens=None,
-                    eps: float = 1e-6):
-  """Outcome-based exploration (#125), batch exploration: a response whose final outcome
-  is repeated within its group is penalised before GRPO,
+                    ucb_coef: float = 0.1, buckets: int = 64, eps: float = 1e-6):
+  """Outcome-based exploration (#125): batch exploration, a response whose final outcome
+  is repeated within its group is penalised, and historical exploration, a UCB-style bonus
+  for outcomes its prompt has rarely produced, both before GRPO:
 
-    R̃_i = R_i − c·(n_i − 1)/(G − 1),  A = GRPO(R̃),
+    R̃_i = R_i − c·(n_i − 1)/(G − 1) + c_h/√(1 + N(x, o_i)),  A = GRPO(R̃),
 
-  n_i the number of the group's responses (itself included) with the same outcome, c =
-  `coef` (0 gives GRPO exactly; the default is ours). The outcome is the response's last
-  `answer_tokens` tokens (where the answer is, e.g. the sum in scratch_add), or the whole
-  response (None). Historical exploration (UCB bonuses from per-question answer counts
-  over training) is not implemented: prompts are drawn fresh each step, so no question
-  has a history, and answer counts pooled across questions mean nothing.
-  A group of one gets GRPO.
+  n_i the number of the group's responses (itself included) with the same outcome o_i,
+  N(x, o) the times prompt x produced outcome o at earlier steps, c = `coef`, c_h =
+  `ucb_coef` (both 0 give GRPO exactly; the defaults and the 1 + N are ours). The outcome
+  is the response's last `answer_tokens` tokens (where the answer is, e.g. the sum in
+  scratch_add), or the whole response (None). The historical term needs prompts that
+  recur: a state made for a pool (`credit.init_state(..., prompts=N)`; the loop's
+  `rl.prompt_pool`) counts outcomes per prompt, hashed into `buckets` counters; without
+  one (prompts drawn fresh, `credit_state` None) only the batch term applies. A group of
+  one gets no batch term.
   """
   check_range("coef", coef, 0.0)
+  check_range("ucb_coef", ucb_coef, 0.0)
+  _check_buckets(buckets)
   if answer_tokens is not None and (int(answer_tokens) != answer_tokens or answer_tokens < 1):
     raise ValueError(f"answer_tokens must be a positive integer or None; got {answer_tokens}.")
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
@@ -310,4 +353,10 @@ def outcome_explore(rollouts: Rollouts, coef: float = 0.1, answer_tokens=None,
     same = _same_outcome(rollouts.tokens, rollouts.mask, answer_tokens)
     repeats = jnp.sum(same, axis=-1).astype(jnp.float32) - 1.0
     rewards = rewards - coef * repeats / (g - 1)
+  if rollouts.credit_state is not None:
+    counts = jnp.asarray(rollouts.credit_state["outcome_counts"])
+    ids = pool_ids(rollouts, counts.shape[0], "outcome_explore")
+    b = _outcome_bucket(rollouts.tokens, rollouts.mask, answer_tokens, counts.shape[1])
+    seen = jnp.take_along_axis(counts[ids], b, axis=-1)
+    rewards = rewards + ucb_coef / jnp.sqrt(1.0 + seen)
   return to_tokens(grpo_per_response(rewards, eps=eps), rollouts.mask)

@@ -1,10 +1,11 @@
 """Difficulty- and pass-rate-conditioned reweighting of outcome advantages.
 
 Difficulty is the group's pass rate: the mean reward, or the fraction of responses with
-R > `threshold` where a method counts successes. Cross-step history (a pass-rate anchor,
-a reference reward) is one global state (`register(state=...)`): prompts are drawn fresh
-each step, so no prompt has a history of its own. Confidence- and entropy-conditioned
-estimators are in `credit.confidence`.
+R > `threshold` where a method counts successes. Cross-step history is estimator state
+(`register(state=...)`): HA-DW's anchor is one global pass-rate tracker, as in the paper;
+AAPO's reference reward is kept per prompt when prompts recur (a fixed pool,
+`Rollouts.prompt_ids`), else globally. Confidence- and entropy-conditioned estimators are
+in `credit.confidence`.
 """
 
 import math
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 
 from credit.confidence import check_range, grpo_per_response, response_length
 from credit.groups import all_equal, to_tokens
+from credit.history import per_prompt_mean, pool_ids
 from credit.registry import register
 from credit.rollouts import Rollouts
 
@@ -104,17 +106,25 @@ def hadw(rollouts: Rollouts, eta: float = 0.1, lambda_scale: float = 1.0, window
   return to_tokens(adv * phi, rollouts.mask)
 
 
-def _aapo_init(**_):
-  return {"reference": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.int32)}
+def _aapo_init(prompts: int = 0, **_):
+  shape = (int(prompts),) if prompts else ()
+  return {"reference": jnp.zeros(shape, jnp.float32), "count": jnp.zeros(shape, jnp.int32)}
 
 
 def _aapo_update(state, rollouts, momentum: float = 0.1, **_):
-  """EMA (rate `momentum`) of the batch's mean reward; the first batch sets it."""
-  y = jnp.mean(jnp.asarray(rollouts.rewards, jnp.float32))
+  """EMA (rate `momentum`) of the mean reward: of the batch (a global state), or of each
+  prompt's groups in the batch (a state per prompt of a pool); a first visit sets it."""
   state = jax.tree.map(jnp.asarray, state)
+  rewards = jnp.asarray(rollouts.rewards, jnp.float32)
+  if state["reference"].ndim == 0:
+    y, seen = jnp.mean(rewards), True
+  else:
+    pool = state["reference"].shape[0]
+    y, seen = per_prompt_mean(pool_ids(rollouts, pool, "aapo"), jnp.mean(rewards, -1), pool)
   rate = jnp.where(state["count"] == 0, 1.0, momentum)
-  return {"reference": (1.0 - rate) * state["reference"] + rate * y,
-          "count": state["count"] + 1}
+  return {"reference": jnp.where(seen, (1.0 - rate) * state["reference"] + rate * y,
+                                 state["reference"]),
+          "count": state["count"] + seen}
 
 
 @register("aapo", state=(_aapo_init, _aapo_update))
@@ -127,10 +137,13 @@ def aapo(rollouts: Rollouts, coef: float = 1.0, clip_low: float = 0.2, clip_high
 
   In the public code b is the reward of a response the reference model sampled for the
   same prompt (clip −0.2/+0.28). Rollouts have no reference-model samples, so b here is
-  the reference reward tracked over training: an EMA (rate `momentum`) of the batch mean
-  reward before this batch (one global state; the first batch uses its own mean). The
-  term keeps a signal in groups whose GRPO advantages vanish. c = `coef` (0 gives GRPO
-  exactly). AAPO's cross-entropy loss (no ratio) is a loss choice, not part of this.
+  the reference reward tracked over training: with prompts that recur (a state made for a
+  pool, `credit.init_state(..., prompts=N)`; the loop's `rl.prompt_pool`) an EMA (rate
+  `momentum`) of that prompt's mean reward at its earlier visits (a first visit uses its
+  own group's mean), else an EMA of the batch mean reward before this batch (one global
+  state; the first batch uses its own mean). The term keeps a signal in groups whose GRPO
+  advantages vanish. c = `coef` (0 gives GRPO exactly). AAPO's cross-entropy loss (no
+  ratio) is a loss choice, not part of this.
   """
   check_range("coef", coef, 0.0)
   check_range("clip_low", clip_low, 0.0)
@@ -139,7 +152,12 @@ def aapo(rollouts: Rollouts, coef: float = 1.0, clip_low: float = 0.2, clip_high
   state = rollouts.credit_state if rollouts.credit_state is not None else _aapo_init()
   state = jax.tree.map(jnp.asarray, state)
   rewards = jnp.asarray(rollouts.rewards, jnp.float32)
-  ref = jnp.where(state["count"] == 0, jnp.mean(rewards), state["reference"])
+  if state["reference"].ndim == 0:
+    ref = jnp.where(state["count"] == 0, jnp.mean(rewards), state["reference"])
+  else:
+    ids = pool_ids(rollouts, state["reference"].shape[0], "aapo")
+    ref = jnp.where(state["count"][ids] == 0, jnp.mean(rewards, -1),
+                    state["reference"][ids])[..., None]
   margin = jnp.clip(rewards - ref, -clip_low, clip_high)
   return to_tokens(grpo_per_response(rewards, eps=eps) + coef * margin, rollouts.mask)
 

@@ -8,7 +8,8 @@ that also take tokens out of the policy loss (SPO's probability mask).
 
 A stateful estimator (a pass-rate EMA, a curriculum, a closed-loop entropy target)
 registers `state=(init, update)`: `init(**hparams)` gives the first state pytree (static
-shapes), `update(state, rollouts, **hparams)` the next one. The estimator itself keeps the
+shapes; an `init` that takes `prompts` keeps a history per prompt of a fixed pool, read
+through `Rollouts.prompt_ids`), `update(state, rollouts, **hparams)` the next one. The estimator itself keeps the
 one signature and reads the state before this batch from `rollouts.credit_state`; the loop
 calls `update` after the advantages, carries the state in its checkpointed loop state, so a
 resumed run is exact.
@@ -35,6 +36,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {}
 _LOSS_MASKS: dict[str, Callable] = {}
 _STATES: dict[str, tuple[Callable, Callable]] = {}
 _ROWS: set[str] = set()
+_PER_PROMPT: set[str] = set()  # stateful, with an `init` that takes `prompts`
 # verl's `adv_estimator` names (verl/trainer/ppo/core_algos.py) for the same methods, accepted
 # wherever a name is; where our numbers differ, docs/conventions.md says why.
 ALIASES = {
@@ -94,6 +96,8 @@ def register(name: str, needs: tuple[str, ...] = (), loss_mask: Optional[Callabl
       init, update = state
       _STATES[name] = (lambda **hp: init(**{**defaults, **hp}),
                        lambda st, rollouts, **hp: update(st, rollouts, **{**defaults, **hp}))
+      if 'prompts' in inspect.signature(init).parameters:
+        _PER_PROMPT.add(name)
     return fn
 
   return decorator
@@ -104,6 +108,7 @@ def unregister(name: str) -> None:
   for table in (_REGISTRY, _NEEDS, _LOSS_MASKS, _STATES):
     table.pop(name, None)
   _ROWS.discard(name)
+  _PER_PROMPT.discard(name)
 
 
 def get(name: str) -> Callable:
@@ -174,9 +179,22 @@ def stateful(name: str) -> bool:
   return canonical(name) in _STATES
 
 
-def init_state(name: str, **hparams):
-  """The first `credit_state` of estimator `name` (None for a stateless one)."""
+def per_prompt(name: str) -> bool:
+  """Whether estimator `name` can keep a history per prompt (its state `init` takes
+  `prompts`): with prompts that recur (a fixed pool, `Rollouts.prompt_ids`)."""
   get(name)
+  return canonical(name) in _PER_PROMPT
+
+
+def init_state(name: str, prompts: int = 0, **hparams):
+  """The first `credit_state` of estimator `name` (None for a stateless one). `prompts` > 0:
+  the size of a fixed prompt pool, for an estimator that keeps a history per prompt
+  (`per_prompt`; it then reads `Rollouts.prompt_ids`); 0: prompts drawn fresh each step."""
+  get(name)
+  if int(prompts) != prompts or prompts < 0:
+    raise ValueError(f"prompts must be a non-negative integer; got {prompts}.")
+  if prompts and per_prompt(name):
+    hparams = dict(hparams, prompts=int(prompts))
   name = canonical(name)
   return _STATES[name][0](**hparams) if name in _STATES else None
 

@@ -64,6 +64,9 @@ class Rollouts:
       padded to G (the 'knapsack' sampler; Knapsack RL, #59). Padded rows have an all-False
       `mask`. Only estimators registered with `rows=True` accept it (`credit.register`);
       None means every row.
+    prompt_ids: int32 [...], each group's index in a fixed prompt pool (a loop's
+      `rl.prompt_pool`) when prompts recur, or None (drawn fresh). A stateful estimator with
+      a history per prompt (`credit.per_prompt`) reads it when its state was made for a pool.
     extras: {need key: pytree} of inputs declared outside this library
       (`credit.vocabulary.declare`) and computed by a pass of the caller's, or None.
   """
@@ -91,6 +94,7 @@ class Rollouts:
   row_mask: Optional[jax.Array] = None
   parent: Optional[jax.Array] = None
   fork: Optional[jax.Array] = None
+  prompt_ids: Optional[jax.Array] = None
   extras: Optional[dict] = None
 
   @property

@@ -104,7 +104,6 @@ PARTIAL = {
     77: 'Selective Rehearsal',
     94: 'consistency-based gradient modulation inside hints',
     108: 'the effective rank of hidden states (the mechanism itself)',
-    125: 'the historical (per-prompt UCB) exploration bonus',
     173: 'the Dual-Gated SFT objective',
     176: 'PRM-guided reasoning refinement (stage 3)',
     179: 'value-guided decoding as a training sampler',

@@ -39,8 +39,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
   log-probs, saliency) are int or float of the tokens' shape, finite in float32 on unmasked tokens;
   prompt_logprobs is [..., P] real, finite on `prompt_mask` (bool [..., P]; all of P
   without one); a policy_mask is boolean, of the tokens' shape and inside mask; a row_mask
-  is boolean [..., G] and False only on rows with no tokens;
-  an explicit tree has the tokens' mask; fork edges (parent, fork) come together, integers
+  is boolean [..., G] and False only on rows with no tokens; prompt_ids are integers [...]
+  (one per group), not negative; an explicit tree has the tokens' mask; fork edges (parent, fork) come together, integers
   [..., G], each response forked from an earlier one and copying its tokens; step_probes
   are [..., G, S+1] (S >= 1), log-probs and entropies real and finite where their boolean
   mask is True; `turns` (multi-turn trajectories) pass `credit.validate_turns` against the
@@ -100,6 +100,14 @@ def validate(rollouts: Rollouts) -> Rollouts:
         where = tuple(int(i) for i in np.argwhere(stray)[0])
         raise ValueError(f"row_mask{list(where)} is False on a row with tokens: a padded row "
                          f"of a group of varying size must have an all-False mask.")
+  if rollouts.prompt_ids is not None:
+    ids = _array(rollouts.prompt_ids)
+    if ids.shape != tokens.shape[:-2] or not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise ValueError(f"prompt_ids must be integers [...] = {tokens.shape[:-2]}, one per "
+                       f"group; got {ids.dtype} {ids.shape}.")
+    if _concrete(ids) and np.any(np.asarray(ids) < 0):
+      raise ValueError(f"prompt_ids must be pool indices >= 0; got "
+                       f"{np.asarray(ids)[np.asarray(ids) < 0][:5].tolist()}.")
   _check_forks(rollouts, tokens, mask, concrete)
   tree = rollouts.tree
   if tree is not None:

@@ -15,10 +15,10 @@ from experiments.training import loop, samplers
 from experiments.training import saliency as saliency_lib
 from tests.test_resume import Crash, init_params, strip, tiny_cfg
 
-STATEFUL, PROBE = "_test_ema_grpo", "_test_fields_probe"
+STATEFUL, PROBE, VISITS = "_test_ema_grpo", "_test_fields_probe", "_test_visits_grpo"
 DECAY = 0.5
 OPTIONAL = ("entropy", "prompt_logprobs", "context_logprobs", "saliency")
-CAPTURED = []
+CAPTURED, VISITED = [], []
 
 
 def ema_init():
@@ -50,14 +50,29 @@ def fields_probe(rollouts):
   return grpo(rollouts)
 
 
+def visits_init(prompts=0):
+  return {"visits": jnp.zeros((prompts,), jnp.int32)}
+
+
+def visits_update(state, rollouts):
+  return {"visits": state["visits"].at[rollouts.prompt_ids].add(1)}
+
+
+def visits_grpo(rollouts):
+  """GRPO; records the batch's pool ids and the per-prompt state it got (host callback)."""
+  jax.debug.callback(lambda *a: VISITED.append(tuple(map(np.asarray, a))), rollouts.prompt_ids,
+                     rollouts.credit_state["visits"])
+  return grpo(rollouts)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def toy_estimators():
   registry.register(STATEFUL, state=(ema_init, ema_update))(ema_grpo)
   registry.register(PROBE, needs=OPTIONAL)(fields_probe)
+  registry.register(VISITS, state=(visits_init, visits_update))(visits_grpo)
   yield
-  for name in (STATEFUL, PROBE):
-    for table in (registry._REGISTRY, registry._NEEDS, registry._STATES):
-      table.pop(name, None)
+  for name in (STATEFUL, PROBE, VISITS):
+    registry.unregister(name)
 
 
 def rows_of(workdir):
@@ -146,3 +161,22 @@ def test_optional_inputs_reach_the_estimator_equal_to_direct_computations(tmp_pa
   # probs: tests/test_context_shift.py)
   np.testing.assert_allclose(sal, np.asarray(saliency_lib.token_saliency(
       p0, prompts, tok, m, cfg=pcfg)), rtol=1e-4, atol=1e-6)
+
+
+def test_a_per_prompt_state_is_made_for_the_pool_and_reads_each_groups_pool_index(tmp_path):
+  """With rl.prompt_pool, an estimator whose state `init` takes `prompts` gets a state for
+  the pool and `Rollouts.prompt_ids`: the per-prompt visit counts it carries equal the
+  counts of the pool indices of the earlier steps."""
+  assert credit.per_prompt(VISITS) and not credit.per_prompt(STATEFUL)
+  cfg = tiny_cfg(3)
+  cfg.rl.prompt_pool = 24
+  VISITED.clear()
+  loop.train(cfg, str(tmp_path), init_params(cfg), method=f"{VISITS}:iid")
+  assert len(VISITED) == 3
+  counts = np.zeros(24, np.int64)
+  for ids, visits in VISITED:
+    assert ids.shape == (16,) and len(set(ids.tolist())) == 16 and ids.max() < 24
+    np.testing.assert_array_equal(visits, counts)
+    np.add.at(counts, ids, 1)
+  assert counts.max() > 1  # prompts recurred (24 in the pool, 16 a step)
+

@@ -176,8 +176,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
   prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None,
-  step_probes=None, hindsight_logprobs=None, row_mask=None, extras=None) -> (advantages,
-  loss mask);
+  step_probes=None, hindsight_logprobs=None, row_mask=None, prompt_ids=None, extras=None) ->
+  (advantages, loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
   `with_state` (a stateful estimator): -> (advantages, loss mask, the state after this
@@ -189,7 +189,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   def fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
          prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None,
-         values=None, step_probes=None, hindsight_logprobs=None, row_mask=None, extras=None):
+         values=None, step_probes=None, hindsight_logprobs=None, row_mask=None, prompt_ids=None,
+         extras=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
@@ -200,7 +201,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
                                step_probes=step_probes,
                                hindsight_logprobs=hindsight_logprobs, row_mask=row_mask,
                                parent=parent if tree else None, fork=fork if tree else None,
-                               extras=extras)
+                               prompt_ids=prompt_ids, extras=extras)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:
