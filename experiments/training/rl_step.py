@@ -22,7 +22,9 @@ def rl_step(run, carry, i: int) -> dict:
   t0 = time.perf_counter()
   s = Step(i=i, draw=run.problem.draw(jax.random.fold_in(k, 0), i, run.b))
   s.prompts, s.plen = s.draw.prompts, s.draw.prompt_len
-  if run.b % run.n_dev == 0:  # every process drew the whole batch; each feeds its devices'
+  # Every process drew the whole batch; each feeds its devices' rows. (One device: as drawn,
+  # as the evaluation samples them, so that the two share compiled samplers.)
+  if run.b % run.n_dev == 0 and run.mesh.size > 1:
     s.prompts, s.plen = ts.host_batch_to_global((s.prompts, s.plen), run.mesh)
   s.sampling_params = carry.state.params
   run.hook('before_sample', carry, s)

@@ -63,7 +63,11 @@ def sft(cfg, workdir: str, progress: Optional[bool] = None):
       loss = float(m['loss'])
       bar.set_postfix(loss=f'{loss:.3f}')
   wall = time.time() - t0
-  ev = problem.evaluate(state.params, cfg.eval)
+  # Placed as the RL run places its params (`run_context.build`), so that its evaluations reuse
+  # the sampler compiled here.
+  mesh = ts.make_mesh(cfg.mesh.fsdp, model=cfg.mesh.get('model', 1))
+  ev = problem.evaluate(jax.device_put(state.params, ts.param_sharding(state.params, mesh)),
+                        cfg.eval)
   info = dict(loss=loss, wall_s=wall, **ev)
   save_checkpoint(mngr, s.steps, state, dict(fingerprint=fp, config=flat, done=True, info=info))
   mngr.close()

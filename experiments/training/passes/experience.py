@@ -1,6 +1,9 @@
 """SLEA-RL's step-level experience library (envs/experience.py), read at every turn of
 sampling and evaluation and learned from after each step; loop state: the library."""
 
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
 from experiments.training.passes.base import Pass
 
 
@@ -8,7 +11,11 @@ class Experience(Pass):
   sampler, state_key = 'experience', 'library'
 
   def init_state(self, run, state):
-    return run.problem.empty_library()
+    return self.restored(run, run.problem.empty_library())
+
+  def restored(self, run, value):
+    # Replicated on the run's mesh, as `learn` returns it: the sampler compiles once for both.
+    return jax.device_put(value, NamedSharding(run.mesh, P()))
 
   def before_sample(self, run, carry, s):
     s.problem_kw['library'] = carry.aux['library']
