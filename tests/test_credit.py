@@ -123,18 +123,21 @@ def test_degenerate_groups_are_finite_and_documented(name):
 
 @pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_pp_baseline", "tempo"])
 def test_jit_vmap_and_permutation(name):
+  # Groups of [6, 5], a shape the hypothesis tests above ran eagerly: the looped calls reuse
+  # those programs.
   rng = np.random.default_rng(3)
-  tokens = rng.integers(0, 2, (3, 5, 4)).astype(np.int32)
-  mask = np.arange(4) < rng.integers(0, 5, (3, 5))[..., None]
-  rewards = rng.random((3, 5)).astype(np.float32)
+  tokens = rng.integers(0, 2, (3, 6, 5)).astype(np.int32)
+  mask = np.arange(5) < rng.integers(0, 6, (3, 6))[..., None]
+  rewards = rng.random((3, 6)).astype(np.float32)
   fn = credit.get(name)
   r = _rollouts(tokens, mask, rewards)
   eager = fn(r)
   chex.assert_trees_all_close(jax.jit(fn)(r), eager, atol=1e-6)
   if name != "reinforce_pp_baseline":  # it whitens over the whole batch
     looped = jnp.stack([fn(_rollouts(tokens[i], mask[i], rewards[i])) for i in range(3)])
-    chex.assert_trees_all_close(jax.vmap(fn)(r), eager, looped, atol=1e-6)
-  perm = rng.permutation(5)
+    # vmap under jit: the same batching rules as an eager vmap, one compile.
+    chex.assert_trees_all_close(jax.jit(jax.vmap(fn))(r), eager, looped, atol=1e-6)
+  perm = rng.permutation(6)
   permuted = fn(_rollouts(tokens[:, perm], mask[:, perm], rewards[:, perm]))
   chex.assert_trees_all_close(permuted, eager[:, perm], atol=1e-5)
 
@@ -290,10 +293,10 @@ class EstimatorVariantsTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_variants(self):
-    rng = np.random.default_rng(7)
-    tokens = rng.integers(0, 3, (2, 4, 5)).astype(np.int32)
-    mask = np.arange(5) < rng.integers(0, 6, (2, 4))[..., None]
-    rewards = rng.random((2, 4)).astype(np.float32)
+    rng = np.random.default_rng(7)  # test_jit_vmap_and_permutation's shape: programs reused
+    tokens = rng.integers(0, 3, (3, 6, 5)).astype(np.int32)
+    mask = np.arange(5) < rng.integers(0, 6, (3, 6))[..., None]
+    rewards = rng.random((3, 6)).astype(np.float32)
     r = _rollouts(tokens, mask, rewards)
     for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "tempo", "returns"):
       fn = self.variant(credit.get(name))

@@ -6,6 +6,7 @@ to one batch; a quick PPO run whose critic learns, is checkpointed and restores.
 """
 
 import dataclasses
+import functools
 import warnings
 
 import numpy as np
@@ -100,20 +101,25 @@ def policy():
   return decoder.init_params(jax.random.PRNGKey(0), CFG)
 
 
+# The value forward as the loop runs it, jitted (op by op it compiles a hundred programs).
+value_forward = functools.partial(critic_lib.values_jit, cfg=CFG)
+
+
 def test_values_read_the_state_before_each_token(policy):
   params = critic_lib.init_params(policy, CFG)
-  v0 = critic_lib.values(params, CFG, jnp.ones((1, 3), jnp.int32), jnp.ones((1, 4), jnp.int32))
+  v0 = value_forward(params, prompts=jnp.ones((1, 3), jnp.int32),
+                     responses=jnp.ones((1, 4), jnp.int32))
   assert 0 < float(jnp.abs(v0).max()) < 0.1  # a small random head: V ≈ 0 at the start
   params['value_head']['kernel'] = jax.random.normal(jax.random.PRNGKey(1), (CFG.d_model,))
   prompts = jnp.asarray([[3, 4, 5]], jnp.int32)
   resp = jnp.asarray([[6, 7, 8, 9]], jnp.int32)
-  v = np.asarray(critic_lib.values(params, CFG, prompts, resp))[0]
-  changed = np.asarray(critic_lib.values(params, CFG, prompts, resp.at[0, 2].set(1)))[0]
+  v = np.asarray(value_forward(params, prompts=prompts, responses=resp))[0]
+  changed = np.asarray(value_forward(params, prompts=prompts, responses=resp.at[0, 2].set(1)))[0]
   np.testing.assert_allclose(v[:3], changed[:3], atol=1e-6)  # V(s_t) sees responses[:t]
   assert abs(v[3] - changed[3]) > 1e-6
   # A right-padded prompt with its length gives the same values as the unpadded prompt.
-  padded = critic_lib.values(params, CFG, jnp.asarray([[3, 4, 5, 0, 0]], jnp.int32), resp,
-                             jnp.asarray([3], jnp.int32))
+  padded = value_forward(params, prompts=jnp.asarray([[3, 4, 5, 0, 0]], jnp.int32),
+                         responses=resp, prompt_len=jnp.asarray([3], jnp.int32))
   np.testing.assert_allclose(np.asarray(padded)[0], v, atol=1e-5)
   with pytest.raises(ValueError, match='LoRA'):
     critic_lib.init_params(policy, dataclasses.replace(CFG, lora_rank=2))
@@ -133,16 +139,16 @@ def test_critic_step_fits_returns_and_micro_batches_are_exact(policy):
   tx = ts.make_optimizer(3e-3)
   one = critic_lib.CriticConfig(cliprange_value=0.0)
   two = critic_lib.CriticConfig(cliprange_value=0.0, num_microbatches=2)
-  s1, m1 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
-                                  ccfg=one)
-  s2, m2 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
-                                  ccfg=two)
+  # Jitted, as the loop runs it; the whole batch's program also takes the 60 steps below.
+  step = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=one))
+  s1, m1 = step(critic_lib.init_state(policy, CFG, tx))
+  s2, m2 = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=two))(
+      critic_lib.init_state(policy, CFG, tx))
   assert float(m1['vf_loss']) == pytest.approx(float(m2['vf_loss']), rel=1e-5)
   for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
     np.testing.assert_allclose(a, b, atol=1e-6)
-  state, losses = critic_lib.init_state(policy, CFG, tx), []
-  step = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=one))
-  for _ in range(60):
+  state, losses = s1, [float(m1['vf_loss'])]  # step 1 of 60
+  for _ in range(59):
     state, m = step(state)
     losses.append(float(m['vf_loss']))
   assert losses[-1] < 0.2 * losses[0], losses[::10]
@@ -331,18 +337,18 @@ def test_rank_loss_matches_a_loop_and_is_fit_by_the_critic_step(policy):
   tx = ts.make_optimizer(3e-3)
   one = critic_lib.CriticConfig(cliprange_value=0.0, loss='rank')
   two = critic_lib.CriticConfig(cliprange_value=0.0, loss='rank', num_microbatches=2)
-  s1, m1 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
-                                  ccfg=one)
-  s2, m2 = critic_lib.critic_step(critic_lib.init_state(policy, CFG, tx), batch, cfg=CFG,
-                                  ccfg=two)
+  # Jitted, as the loop runs it; the whole batch's program also takes the 40 steps below.
+  step = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=one))
+  s1, m1 = step(critic_lib.init_state(policy, CFG, tx))
+  _, m2 = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=two))(
+      critic_lib.init_state(policy, CFG, tx))
   assert float(m1['vf_loss']) == pytest.approx(float(m2['vf_loss']), rel=1e-5)
-  v0 = critic_lib.values(critic_lib.init_state(policy, CFG, tx).params, CFG, batch.prompts,
-                         batch.tokens, batch.prompt_len)
+  v0 = value_forward(critic_lib.init_state(policy, CFG, tx).params, prompts=batch.prompts,
+                     responses=batch.tokens, prompt_len=batch.prompt_len)
   first = float(critic_lib.rank_loss(v0, batch.returns, batch.mask))
   assert float(m1['vf_loss']) == pytest.approx(first, rel=1e-5)
-  state = critic_lib.init_state(policy, CFG, tx)
-  step = jax.jit(lambda s: critic_lib.critic_step(s, batch, cfg=CFG, ccfg=one))
-  for _ in range(40):
+  state = s1  # step 1 of 40
+  for _ in range(39):
     state, m = step(state)
   assert float(m['vf_loss']) < 0.7 * first
   with pytest.raises(ValueError, match='critic loss'):

@@ -2,8 +2,11 @@
 in quick mode: every method of each family trains from the shared SFT start on the same first batch as GRPO, and its credit
 (or loss) actually changes the update."""
 
+import contextlib
 import importlib
+import inspect
 import math
+from unittest import mock
 
 import pytest
 
@@ -59,8 +62,26 @@ def workdir(tmp_path_factory):
   return tmp_path_factory.mktemp('families')
 
 
+@pytest.fixture
+def final_plots_only(monkeypatch):
+  """The comparison rewrites summary.json and its plots after every run; here only the
+  final report of each family draws its plots (matplotlib: about a second of CPU a report,
+  most of the reports' time). The partial reports still write their summaries (tested:
+  test_tracking), and plot_runs reads only the rows' common fields (step, reward,
+  greedy_acc, wall_s, generated tokens), which the final report plots for every method."""
+  real = compare._report
+
+  def report(*args, **kwargs):
+    partial = inspect.signature(real).bind(*args, **kwargs).arguments['done'] is not None
+    with (mock.patch.object(compare.plots, 'plot_runs', lambda *a, **k: []) if partial
+          else contextlib.nullcontext()):
+      return real(*args, **kwargs)
+
+  monkeypatch.setattr(compare, '_report', report)
+
+
 @pytest.mark.parametrize('family', FAMILIES)
-def test_family_quick(family, workdir):
+def test_family_quick(family, workdir, final_plots_only):
   module, _, variant = family.partition(':')
   get_config = importlib.import_module(f'configs.{module}').get_config
   defaults, cfg = (get_config(variant), get_config(variant)) if variant else (get_config(),
@@ -79,6 +100,8 @@ def test_family_quick(family, workdir):
   assert methods[0] == 'grpo:iid' and len(methods) >= 2
   summary = compare.run_experiment(cfg, str(workdir))
   assert sorted(summary['methods']) == sorted(methods)
+  assert len(summary['plots']) == 3 and all((workdir / p).stat().st_size > 0
+                                            for p in summary['plots'])
   rows = {m: loop.read_metrics(workdir / m.replace(':', '_') / 'seed0' / 'metrics.jsonl')
           for m in methods}
   for m in methods:

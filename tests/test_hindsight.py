@@ -2,6 +2,7 @@
 pass of experiments/training/hindsight.py against hand-built sequences, and PBSD and HCAPO
 (credit/hindsight.py) against plain-Python references and their GRPO reductions."""
 
+import functools
 import math
 
 import jax
@@ -18,13 +19,44 @@ from experiments.training import hindsight, loop
 from groups import grpo_ref
 
 TASK = ScratchpadAddition(num_digits=2)
+CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1, num_heads=2,
+                           d_ff=32, max_len=TASK.prompt_len + 2 * TASK.response_len)
+
+# Compiling is most of this module's time. The task's sampling, demonstrations and step ends,
+# the answer hint, the reference forwards and the estimators run jitted, one program per shape
+# (op by op they compiled hundreds of small programs); the library runs them jitted too
+# (hindsight_prompts, hinted_demonstrations, the loop's passes and credit). The batch sizes
+# are shared (64 prompts, or 2 prompts x 3 responses) so each program compiles once here.
+sample = jax.jit(TASK.sample, static_argnums=1)
+demonstrations = jax.jit(TASK.demonstrations)
+step_ends = jax.jit(TASK.step_ends)
+answer_hint = jax.jit(functools.partial(hindsight.answer_hint, TASK))
+forward = jax.jit(lambda params, prompt, seq: decoder.token_logprobs(params, CFG, prompt, seq))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(name, static):
+  return jax.jit(lambda rollouts, hp: credit.get(name)(rollouts, **dict(static), **hp))
+
+
+def estimate(name, rollouts, static=(), **hp):
+  """`credit.get(name)(rollouts, **hp, **dict(static))` jitted, as the loop's credit pass
+  runs it: one program per shape (not one per operation), the float hyperparameters `hp`
+  traced so every value shares it (`static`: those Python reads, e.g. siop's broadcast)."""
+  hp = {k: jnp.float32(v) for k, v in hp.items()}
+  return np.asarray(_jitted(name, tuple(static))(rollouts, hp))
+
+
+@pytest.fixture(scope='module')
+def params():
+  return decoder.init_params(jax.random.PRNGKey(0), CFG)
 
 
 def test_answer_hint_is_the_sum():
-  prompts, info = TASK.sample(jax.random.key(3), 6)
-  hint, n = (np.asarray(x) for x in hindsight.answer_hint(TASK, prompts, info))
-  demo, dmask = (np.asarray(x) for x in TASK.demonstrations(prompts, info))
-  for i in range(6):
+  prompts, info = sample(jax.random.key(3), 64)
+  hint, n = (np.asarray(x) for x in answer_hint(prompts, info))
+  demo, dmask = (np.asarray(x) for x in demonstrations(prompts, info))
+  for i in range(64):
     ops = np.asarray(info['operands'][i])
     value = sum(int(''.join(map(str, row))) for row in ops)
     digits = [int(c) for c in str(value)]
@@ -55,22 +87,19 @@ def test_with_hint_places_the_hint_after_each_prompt(seed):
       assert all(t == pad for t in out[i, len(want):])
 
 
-def test_hindsight_pass_equals_teacher_forcing_after_prompt_and_answer():
-  cfg = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
-                             num_heads=2, d_ff=32, max_len=TASK.prompt_len + 2 * TASK.response_len)
-  params = decoder.init_params(jax.random.PRNGKey(0), cfg)
-  b, g = 2, 2
-  prompts, info = TASK.sample(jax.random.key(1), b)
-  demo, dmask = TASK.demonstrations(prompts, info)
-  tokens = jnp.stack([demo, jnp.roll(demo, 1, 0)], 1)
-  mask = jnp.stack([dmask, jnp.roll(dmask, 1, 0)], 1)
+def test_hindsight_pass_equals_teacher_forcing_after_prompt_and_answer(params):
+  b, g = 2, 3  # the shapes of the self-hindsight test below: one compiled pass for both
+  prompts, info = sample(jax.random.key(1), b)
+  demo, dmask = demonstrations(prompts, info)
+  tokens = jnp.stack([demo, jnp.roll(demo, 1, 0), demo], 1)
+  mask = jnp.stack([dmask, jnp.roll(dmask, 1, 0), dmask], 1)
   hp, hl = hindsight.hindsight_prompts(prompts, None, info, task=TASK)
-  got = np.asarray(loop.rows_logprobs(params, hp, tokens, mask, hl, None, cfg=cfg))
-  hint, n = hindsight.answer_hint(TASK, prompts, info)
+  got = np.asarray(loop.rows_logprobs(params, hp, tokens, mask, hl, None, cfg=CFG))
+  hint, n = answer_hint(prompts, info)
   for i in range(b):
     ctx = jnp.concatenate([prompts[i], hint[i, :int(n[i])]])[None]
     for j in range(g):
-      want, _ = decoder.token_logprobs(params, cfg, ctx, tokens[i, j][None])
+      want, _ = forward(params, ctx, tokens[i, j][None])
       m = np.asarray(mask[i, j])
       np.testing.assert_allclose(got[i, j][m], np.asarray(want[0])[m], atol=2e-5)
 
@@ -152,7 +181,7 @@ def _rollouts(tokens, mask, ends, rewards, lp, hs):
 @given(step_groups(), st.sampled_from([0.5, 2.0]))
 def test_pbsd_matches_reference(data, beta):
   tokens, mask, ends, rewards, lp, hs = data
-  got = credit.get('pbsd')(_rollouts(*data), beta=beta)
+  got = estimate('pbsd', _rollouts(*data), beta=beta)
   want = ref_pbsd(rewards, mask, ends, (hs - lp).astype(np.float64), beta)
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
@@ -161,7 +190,7 @@ def test_pbsd_matches_reference(data, beta):
 @given(step_groups())
 def test_hcapo_matches_reference(data):
   tokens, mask, ends, rewards, lp, hs = data
-  got = credit.get('hcapo')(_rollouts(*data), omega=0.5, clip=1.0)
+  got = estimate('hcapo', _rollouts(*data), omega=0.5, clip=1.0)
   want = ref_hcapo(rewards, mask, ends, (hs - lp).astype(np.float64), 0.5, 1.0)
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
 
@@ -170,13 +199,13 @@ def test_hcapo_matches_reference(data):
 @given(step_groups())
 def test_reductions_to_grpo(data):
   tokens, mask, ends, rewards, lp, hs = data
-  grpo = np.asarray(credit.get('grpo')(_rollouts(*data)))
-  for name, hp in (('pbsd', dict(beta=0.0)), ('hcapo', dict(omega=0.0))):
-    np.testing.assert_allclose(np.asarray(credit.get(name)(_rollouts(*data), **hp)), grpo,
-                               atol=1e-6)
+  grpo = estimate('grpo', _rollouts(*data))
+  for name, hp in (('pbsd', dict(beta=0.0)), ('hcapo', dict(omega=0.0, clip=1.0))):
+    np.testing.assert_allclose(estimate(name, _rollouts(*data), **hp), grpo, atol=1e-6)
   same = _rollouts(tokens, mask, ends, rewards, lp, lp)  # the answer changes nothing: d = 0
-  for name in ('pbsd', 'hcapo'):
-    np.testing.assert_allclose(np.asarray(credit.get(name)(same)), grpo, atol=1e-6)
+  # (at the reference tests' hyperparameters: their compiled programs)
+  for name, hp in (('pbsd', dict(beta=2.0)), ('hcapo', dict(omega=0.5, clip=1.0))):
+    np.testing.assert_allclose(estimate(name, same, **hp), grpo, atol=1e-6)
 
 
 def test_pbsd_moves_credit_to_the_step_that_supports_the_answer():
@@ -189,7 +218,7 @@ def test_pbsd_moves_credit_to_the_step_that_supports_the_answer():
   r = credit.Rollouts(tokens=jnp.zeros((1, 2, 5), jnp.int32), mask=jnp.asarray(mask),
                       rewards=jnp.array([[1.0, 0.0]]), logprobs=jnp.asarray(lp),
                       step_ends=jnp.asarray(ends), hindsight_logprobs=jnp.asarray(hs))
-  adv = np.asarray(credit.get('pbsd')(r))
+  adv = estimate('pbsd', r)
   assert adv[0, 0, 0] > adv[0, 0, 2] > 0  # the success: the supporting step gets more
   assert adv[0, 1, 2] < adv[0, 1, 0] < 0  # the failure: the undermining step gets more blame
   a = grpo_ref([[1.0, 0.0]])[0]
@@ -215,18 +244,18 @@ def test_nan_in_the_hindsight_pass_is_not_hidden():
   with pytest.raises(ValueError, match='hindsight_logprobs'):
     credit.validate(r)
   for name in ('pbsd', 'hcapo'):
-    assert np.isnan(np.asarray(credit.get(name)(r))[0, 0, 0])
+    assert np.isnan(estimate(name, r)[0, 0, 0])
 
 
 def test_hinted_demonstrations_carry_the_answer_on_a_fraction_of_prompts():
   n = 64
   wide, plen, responses, mask = (np.asarray(x) for x in hindsight.hinted_demonstrations(
       jax.random.key(5), task=TASK, n=n, frac=0.5))
-  prompts, info = TASK.sample(jax.random.split(jax.random.key(5))[0], n)
-  demo, dmask = TASK.demonstrations(prompts, info)
+  prompts, info = sample(jax.random.split(jax.random.key(5))[0], n)
+  demo, dmask = demonstrations(prompts, info)
   np.testing.assert_array_equal(responses, demo)
   np.testing.assert_array_equal(wide[:, :TASK.prompt_len], prompts)
-  hint, hl = (np.asarray(x) for x in hindsight.answer_hint(TASK, prompts, info))
+  hint, hl = (np.asarray(x) for x in answer_hint(prompts, info))
   hinted = plen > TASK.prompt_len
   assert 0.25 < hinted.mean() < 0.75
   for i in range(n):
@@ -302,8 +331,8 @@ def answer_groups(draw):
 @given(answer_groups())
 def test_modal_answer_matches_reference(data):
   tokens, mask, ends = data[:3]
-  answer, length, agree = (np.asarray(x) for x in credit.hindsight.modal_answer(
-      jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(ends)))
+  answer, length, agree = (np.asarray(x) for x in jax.jit(credit.hindsight.modal_answer)(
+      jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(ends)))  # (jitted: see `estimate`)
   for b in range(2):
     answers = ref_answers(tokens[b], mask[b], ends[b])
     mode = ref_mode(answers)
@@ -318,7 +347,7 @@ def test_modal_answer_matches_reference(data):
 @given(answer_groups(), st.booleans())
 def test_siop_matches_reference(data, broadcast):
   tokens, mask, ends, rewards, lp, hs = data
-  got = np.asarray(credit.get('siop')(_rollouts(*data), coef=0.7, broadcast=broadcast))
+  got = estimate('siop', _rollouts(*data), static=(('broadcast', broadcast),), coef=0.7)
   d = (hs - lp).astype(np.float64)
   out = np.zeros(mask.shape)
   for b in range(2):
@@ -341,25 +370,22 @@ def test_siop_matches_reference(data, broadcast):
   np.testing.assert_allclose(got, out, atol=1e-4, rtol=1e-4)
   # The task's reward plays no part.
   other = _rollouts(tokens, mask, ends, 1.0 - rewards, lp, hs)
-  np.testing.assert_allclose(credit.get('siop')(other, coef=0.7, broadcast=broadcast), got,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      estimate('siop', other, static=(('broadcast', broadcast),), coef=0.7), got, atol=1e-6)
 
 
-def test_self_hindsight_pass_puts_the_modal_answer_after_the_prompt():
-  cfg = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
-                             num_heads=2, d_ff=32, max_len=TASK.prompt_len + 2 * TASK.response_len)
-  params = decoder.init_params(jax.random.PRNGKey(0), cfg)
-  prompts, info = TASK.sample(jax.random.key(1), 2)
-  demo, dmask = TASK.demonstrations(prompts, info)
+def test_self_hindsight_pass_puts_the_modal_answer_after_the_prompt(params):
+  prompts, info = sample(jax.random.key(1), 2)
+  demo, dmask = demonstrations(prompts, info)
   tokens = jnp.stack([demo, demo, jnp.roll(demo, 1, 0)], 1)  # the mode: the demonstration
   mask = jnp.stack([dmask, dmask, jnp.roll(dmask, 1, 0)], 1)
   gp = jnp.repeat(prompts[:, None], 3, 1)
   ginfo = jax.tree.map(lambda x: jnp.repeat(x[:, None], 3, 1), info)
-  ends = TASK.step_ends(gp, tokens, mask, ginfo) & mask
+  ends = step_ends(gp, tokens, mask, ginfo) & mask
   mode_prompts, mode_plen = hindsight.modal_answer_prompts(prompts, None, tokens, mask, ends,
                                                           pad_id=TASK.pad_id)
-  got = loop.rows_logprobs(params, mode_prompts, tokens, mask, mode_plen, None, cfg=cfg)
-  hint, n = hindsight.answer_hint(TASK, prompts, info)  # the demonstration's answer
+  got = loop.rows_logprobs(params, mode_prompts, tokens, mask, mode_plen, None, cfg=CFG)
+  hint, n = answer_hint(prompts, info)  # the demonstration's answer
   wide, plen = hindsight.with_hint(prompts, None, hint, n, TASK.pad_id)
-  want = loop.rows_logprobs(params, wide, tokens, mask, plen, None, cfg=cfg)
+  want = loop.rows_logprobs(params, wide, tokens, mask, plen, None, cfg=CFG)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)

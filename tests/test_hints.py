@@ -18,6 +18,20 @@ TASK = ScratchpadAddition(num_digits=3)
 CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1, num_heads=2,
                            d_ff=32, max_len=TASK.prompt_len + TASK.response_len)
 
+# The reference's pieces jitted, one program per shape for the module (op by op they
+# compile a few hundred small programs per case).
+sample = jax.jit(TASK.sample, static_argnums=1)
+demonstrations = jax.jit(TASK.demonstrations)
+difficulty = jax.jit(lambda params, prompts, info: hints.difficulty(params, CFG, TASK, prompts,
+                                                                    info))
+forward = jax.jit(lambda params, prompts, responses, plen: decoder.token_logprobs(
+    params, CFG, prompts, responses, plen)[0])
+
+
+@pytest.fixture(scope='module')
+def params():
+  return decoder.init_params(jax.random.PRNGKey(0), CFG)
+
 
 def test_schedules():
   s = 3
@@ -29,20 +43,19 @@ def test_schedules():
 
 @pytest.mark.parametrize('schedule,progress', [('staged', 0.0), ('staged', 0.5),
                                                ('difficulty', 0.0)])
-def test_hinted_rows_continue_the_references_first_steps(schedule, progress):
-  params = decoder.init_params(jax.random.PRNGKey(0), CFG)
+def test_hinted_rows_continue_the_references_first_steps(schedule, progress, params):
   b, g, rows = 3, 4, 2
-  prompts, info = TASK.sample(jax.random.key(0), b)
+  prompts, info = sample(jax.random.key(0), b)
   s = hints.sample_hinted(params, jax.random.key(1), prompts, info, progress, pcfg=CFG,
                           task=TASK, group_size=g, hint_rows=rows, schedule=schedule,
                           temperature=1.0, top_p=1.0, top_k=0)
-  demo, dmask = (np.asarray(x) for x in TASK.demonstrations(prompts, info))
+  demo, dmask = (np.asarray(x) for x in demonstrations(prompts, info))
   tokens, mask, policy = (np.asarray(x) for x in (s.tokens, s.mask, s.policy_mask))
   hl = np.asarray(s.hint_len)
   if schedule == 'staged':
     k = int(hints.hint_steps('staged', TASK.reasoning_steps, progress=progress))
   else:
-    hardness = hints.difficulty(params, CFG, TASK, prompts, info)
+    hardness = difficulty(params, prompts, info)
     k_all = np.asarray(hints.hint_steps('difficulty', TASK.reasoning_steps, hardness=hardness))
   for i in range(b):
     kk = k if schedule == 'staged' else int(k_all[i])
@@ -61,8 +74,7 @@ def test_hinted_rows_continue_the_references_first_steps(schedule, progress):
   for n, (i, j) in enumerate(np.ndindex(b, g)):
     c = tokens[i, j, hl[i, j]:][policy[i, j, hl[i, j]:]]
     cont[n, :len(c)] = c
-  lp, _ = decoder.token_logprobs(params, CFG, wide, jnp.asarray(cont), plen)
-  lp = np.asarray(lp)
+  lp = np.asarray(forward(params, wide, jnp.asarray(cont), plen))
   for n, (i, j) in enumerate(np.ndindex(b, g)):
     got = np.asarray(s.logprobs)[i, j][policy[i, j]]
     np.testing.assert_allclose(got, lp[n, :len(got)], atol=2e-4)

@@ -313,18 +313,21 @@ def test_feedback_logprobs_equal_teacher_forcing_of_each_observation():
                                          num_turns=nt))
   tokens, turn_mask = np.asarray(ep.tokens), np.asarray(ep.turn_mask)
   _, obs_pos, _ = ags.slot_layout(env, nt)
-  for b in range(2):
-    for g in range(2):
-      for k in range(nt):
-        if not turn_mask[b, g, k]:
-          assert got[b, g, k] == 0.0
-          continue
-        start, obs = obs_pos[k][0], tokens[b, g, obs_pos[k]]
-        obs = obs[obs != env.pad_id]
-        # The observation scored after its own prefix only (an independent forward).
-        lp, _ = decoder.token_logprobs(params, pcfg, jnp.asarray(tokens[b, g, None, :start]),
-                                       jnp.asarray(obs[None]))
-        np.testing.assert_allclose(got[b, g, k], float(np.mean(lp)), rtol=1e-4, atol=1e-5)
+  forward = jax.jit(lambda prefix, obs: decoder.token_logprobs(params, pcfg, prefix, obs)[0])
+  for k in range(nt):
+    # Turn k's observation slot scored after its own prefix only (an independent forward of
+    # the 4 trajectories, one program per turn; the causal forward scores each token from
+    # the ones before it, so the padding after an observation changes none of its scores).
+    start, slot = obs_pos[k][0], tokens[..., obs_pos[k]].reshape(4, -1)
+    lp = np.asarray(forward(jnp.asarray(tokens[..., :start].reshape(4, start)),
+                            jnp.asarray(slot)))
+    for n, (b, g) in enumerate(np.ndindex(2, 2)):
+      if not turn_mask[b, g, k]:
+        assert got[b, g, k] == 0.0
+        continue
+      real = slot[n] != env.pad_id
+      np.testing.assert_allclose(got[b, g, k], float(np.mean(lp[n][real])), rtol=1e-4,
+                                 atol=1e-5)
   assert np.all(got[turn_mask] < 0)
 
 

@@ -88,11 +88,14 @@ def test_bf16_compute_keeps_f32_params_and_logits():
 def test_cached_decode_matches_forward_with_gqa_and_bias():
   cfg, params = QWEN, _random_params(QWEN, seed=3)
   tokens = _tokens(3, (2, 10), cfg.vocab_size)
-  full = decoder.forward(params, cfg, tokens)
-  logits, cache = decoder.prefill(params, cfg, tokens[:, :4])
+  # Jitted: eagerly each op of each call would compile on its own (eager forwards: the tests
+  # above).
+  full = jax.jit(decoder.forward, static_argnums=1)(params, cfg, tokens)
+  logits, cache = jax.jit(decoder.prefill, static_argnums=1)(params, cfg, tokens[:, :4])
+  step_fn = jax.jit(decoder.decode_step, static_argnums=1)
   steps = [logits[:, -1]]
   for t in range(4, 9):
-    step, cache = decoder.decode_step(params, cfg, cache, tokens[:, t], jnp.full((2,), t))
+    step, cache = step_fn(params, cfg, cache, tokens[:, t], jnp.full((2,), t))
     steps.append(step)
   np.testing.assert_allclose(np.stack(steps, 1), full[:, 3:9], atol=1e-4)
 
@@ -194,7 +197,7 @@ def test_lora_adapters_start_neutral_and_train_alone():
   lora = [p for p, _ in leaves if decoder.is_lora(p)]
   assert len(lora) == 14  # A and B for q, k, v, o, gate, up, down (stacked over layers)
   tokens = _tokens(7, (2, 6), cfg.vocab_size)
-  np.testing.assert_allclose(decoder.forward(params, cfg, tokens),
+  np.testing.assert_allclose(jax.jit(decoder.forward, static_argnums=1)(params, cfg, tokens),
                              decoder.forward(base, base_cfg, tokens), atol=1e-6)
   rows = 4
   batch = ts.Batch(prompts=tokens[:1].repeat(rows, 0)[:, :3], tokens=_tokens(8, (rows, 5), 40),
@@ -202,8 +205,8 @@ def test_lora_adapters_start_neutral_and_train_alone():
                    advantages=jnp.asarray([[1.0], [-1.0], [0.5], [-0.5]]) * jnp.ones((1, 5)),
                    old_logprobs=jnp.zeros((rows, 5)))
   state = ts.init_state(params, ts.make_optimizer(1e-2, lora_only=True))
-  batch = batch.replace(old_logprobs=decoder.token_logprobs(params, cfg, batch.prompts,
-                                                            batch.tokens)[0])
+  batch = batch.replace(old_logprobs=jax.jit(decoder.token_logprobs, static_argnums=1)(
+      params, cfg, batch.prompts, batch.tokens)[0])
   before = jax.tree.map(np.asarray, params)  # the step donates its state
   new, _ = ts.train_step_jit(state, batch, cfg=cfg, loss_cfg=ts.LossConfig())
   moved = {jax.tree_util.keystr(p): float(np.abs(np.asarray(a) - b).max()) for (p, a), b in

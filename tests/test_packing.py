@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -202,15 +203,29 @@ def test_loss_and_grads_equal_flat_every_aggregation():
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=agg)
 
 
-def test_train_step_equals_flat_with_microbatches():
+# Minibatches would shuffle rows vs groups. The loss divides by the minibatch's rows; the
+# metrics (token-mean weights) by its tokens, on a mesh a sum over the row shards.
+STEP_LC = ts.LossConfig(agg='seq-mean-token-sum', kl_coef=0.05, num_microbatches=2)
+
+
+@pytest.fixture(scope='module')
+def flat_and_packed_steps():
+  """params, and {None: flat, 'tree': packed} -> (batch, metrics, params after one
+  train step with 2 micro-batches) on the same 8 groups: the one-device results that
+  test_train_step_equals_flat_with_microbatches compares and the 8-device test matches."""
   params = decoder.init_params(jax.random.PRNGKey(2), CFG)
-  lc = ts.LossConfig(agg='seq-mean-token-sum', kl_coef=0.05, num_microbatches=2)
-  results = []
-  for batch in (make_batch(4, params), make_batch(4, params, 'tree')):
+  out = {}
+  for mode in (None, 'tree'):
+    batch = make_batch(6, params, mode, b=8)
     state = ts.init_state(jax.tree.map(jnp.copy, params), ts.make_optimizer(1e-2, 0))
-    state, m = ts.train_step_jit(state, batch, cfg=CFG, loss_cfg=lc)
-    results.append((m, state.params))
-  (m_f, p_f), (m_p, p_p) = results
+    state, m = ts.train_step_jit(state, batch, cfg=CFG, loss_cfg=STEP_LC)
+    out[mode] = (batch, jax.tree.map(np.asarray, m), jax.tree.map(np.asarray, state.params))
+  return params, out
+
+
+def test_train_step_equals_flat_with_microbatches(flat_and_packed_steps):
+  _, out = flat_and_packed_steps
+  (_, m_f, p_f), (_, m_p, p_p) = out[None], out['tree']
   for k in m_f:
     np.testing.assert_allclose(m_p[k], m_f[k], rtol=1e-5, atol=1e-6, err_msg=k)
   # Adam's first step moves every weight by ~lr whatever the gradient's size, so a weight
@@ -219,11 +234,11 @@ def test_train_step_equals_flat_with_microbatches():
     np.testing.assert_allclose(a, b, atol=2e-5)
 
 
-def test_packed_minibatches_take_whole_groups():
-  params = decoder.init_params(jax.random.PRNGKey(2), CFG)
-  batch = make_batch(5, params, 'tree')
+def test_packed_minibatches_take_whole_groups(flat_and_packed_steps):
+  params, out = flat_and_packed_steps
+  batch = out['tree'][0]  # 8 packed groups
   state = ts.init_state(jax.tree.map(jnp.copy, params), ts.make_optimizer(1e-2, 0))
-  with pytest.raises(ValueError, match='4 groups not divisible'):
+  with pytest.raises(ValueError, match='8 groups not divisible'):
     ts.train_step(state, batch, cfg=CFG, loss_cfg=ts.LossConfig(num_minibatches=3))
   state, m = ts.train_step(state, batch, cfg=CFG,
                            loss_cfg=ts.LossConfig(num_minibatches=2, num_epochs=2))
@@ -231,29 +246,32 @@ def test_packed_minibatches_take_whole_groups():
 
 
 SCRIPT = textwrap.dedent('''
+    import pickle
     import jax, jax.numpy as jnp, numpy as np
     assert jax.device_count() == 8, jax.devices()
     import tests_helper as h
     ts = h.ts
-    params = h.decoder.init_params(jax.random.PRNGKey(2), h.CFG)
-    lc = ts.LossConfig(kl_coef=0.05, num_microbatches=2)  # minibatches would shuffle rows vs groups
-    out = []
+    with open('inputs.pkl', 'rb') as f:
+      params, batch = pickle.load(f)  # the packed batch of the flat_and_packed_steps fixture
     # 8 devices as data=4 x fsdp=2: one packed group per device, fsdp-sharded params.
-    for devices, fsdp, mode in ((jax.devices()[:1], 1, None), (jax.devices(), 2, 'tree')):
-      mesh = ts.make_mesh(fsdp=fsdp, devices=devices)
-      state = ts.shard_state(ts.init_state(jax.tree.map(jnp.copy, params),
-                                           ts.make_optimizer(1e-2, 0)), mesh)
-      batch = ts.shard_batch(h.make_batch(6, params, mode, b=8), mesh)
-      state, m = ts.train_step_jit(state, batch, cfg=h.CFG, loss_cfg=lc)
-      out.append((float(m['loss']), jax.tree.map(np.asarray, state.params)))
-    np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(out[1][1]), jax.tree.leaves(out[0][1])):
-      np.testing.assert_allclose(a, b, atol=1e-4)
-    print('OK', out[0][0], out[1][0])
+    mesh = ts.make_mesh(fsdp=2)
+    state = ts.shard_state(ts.init_state(jax.tree.map(jnp.asarray, params),
+                                         ts.make_optimizer(1e-2, 0)), mesh)
+    state, m = ts.train_step_jit(state, ts.shard_batch(batch, mesh), cfg=h.CFG,
+                                 loss_cfg=h.STEP_LC)
+    with open('outputs.pkl', 'wb') as f:
+      pickle.dump(jax.tree.map(np.asarray, (m, state.params)), f)
+    print('OK', float(m['loss']))
 ''')
 
 
-def test_packed_on_eight_device_mesh_matches_flat_on_one(tmp_path):
+def test_packed_on_eight_device_mesh_matches_flat_on_one(tmp_path, flat_and_packed_steps):
+  """The packed step on an 8-device mesh (a subprocess: the device count is fixed at start-up)
+  equals the flat step on one device (the fixture's, computed in this process)."""
+  params, out = flat_and_packed_steps
+  _, m_flat, p_flat = out[None]
+  with open(tmp_path / 'inputs.pkl', 'wb') as f:
+    pickle.dump(jax.tree.map(np.asarray, (params, out['tree'][0])), f)
   (tmp_path / 'tests_helper.py').write_text(open(__file__).read().split('\nSCRIPT = ')[0])
   (tmp_path / 'run.py').write_text(SCRIPT)
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
@@ -263,3 +281,9 @@ def test_packed_on_eight_device_mesh_matches_flat_on_one(tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert 'OK' in proc.stdout
+  with open(tmp_path / 'outputs.pkl', 'rb') as f:
+    m_mesh, p_mesh = pickle.load(f)
+  for k in m_flat:  # the loss, and the metrics' cross-shard token count
+    np.testing.assert_allclose(m_mesh[k], m_flat[k], rtol=1e-5, err_msg=k)
+  for a, b in zip(jax.tree.leaves(p_mesh), jax.tree.leaves(p_flat)):
+    np.testing.assert_allclose(a, b, atol=1e-4)

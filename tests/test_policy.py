@@ -142,24 +142,41 @@ def test_token_logprobs_is_differentiable(params):
   assert all(np.any(g != 0) for g in leaves)
 
 
-@pytest.mark.parametrize('chunk', [3, 5])
-def test_chunked_causal_attention_equals_dense(params, fwd, chunk):
-  """`attn_chunk` (queries in chunks, keys up to each chunk's end) is the dense causal
-  attention: logits, right-padded teacher forcing and gradients, at chunk sizes that do and
-  do not divide T = 12."""
-  cfg = dataclasses.replace(CFG, attn_chunk=chunk)
+@pytest.fixture(scope='module')
+def dense_reference(params, fwd):
+  """Dense attention's logits, prompt-length gradients and prefill, computed once for every
+  chunk size of test_chunked_causal_attention_equals_dense."""
   tokens = _tokens(10, (3, 12))
-  np.testing.assert_allclose(decoder.forward(params, cfg, tokens), fwd(params, tokens),
-                             atol=ATOL)
+  return (fwd(params, tokens), _chunk_test_grads(params, CFG),
+          _jit_prefill(params, CFG, tokens[:, :7], decoder.init_cache(CFG, 6)))
+
+
+_jit_forward = jax.jit(decoder.forward, static_argnums=1)
+_jit_prefill = jax.jit(decoder.prefill, static_argnums=1)
+
+
+def _chunk_test_grads(params, cfg):
   lens = jnp.asarray([2, 5, 1])
   prompts, responses = jnp.asarray(_tokens(11, (3, 5))), jnp.asarray(_tokens(12, (3, 7)))
-  loss = lambda c: lambda pa: decoder.token_logprobs(pa, c, prompts, responses, lens)[0].sum()
-  g_chunk, g_dense = (jax.jit(jax.grad(loss(c)))(params) for c in (cfg, CFG))
+  loss = lambda pa: decoder.token_logprobs(pa, cfg, prompts, responses, lens)[0].sum()
+  return jax.jit(jax.grad(loss))(params)
+
+
+@pytest.mark.parametrize('chunk', [3, 5])
+def test_chunked_causal_attention_equals_dense(params, dense_reference, chunk):
+  """`attn_chunk` (queries in chunks, keys up to each chunk's end) is the dense causal
+  attention: logits, right-padded teacher forcing and gradients, at chunk sizes that do and
+  do not divide T = 12. (Jitted: eagerly each op compiles on its own; the dense side is
+  computed once, in `dense_reference`.)"""
+  cfg = dataclasses.replace(CFG, attn_chunk=chunk)
+  tokens = _tokens(10, (3, 12))
+  dense_logits, g_dense, (ref, ref_cache) = dense_reference
+  np.testing.assert_allclose(_jit_forward(params, cfg, tokens), dense_logits, atol=ATOL)
+  g_chunk = _chunk_test_grads(params, cfg)
   for a, b in zip(jax.tree.leaves(g_chunk), jax.tree.leaves(g_dense)):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
   # prefill into a cache of repeated rows attends within the call (chunked too)
-  logits, cache = decoder.prefill(params, cfg, tokens[:, :7], decoder.init_cache(cfg, 6))
-  ref, ref_cache = decoder.prefill(params, CFG, tokens[:, :7], decoder.init_cache(CFG, 6))
+  logits, cache = _jit_prefill(params, cfg, tokens[:, :7], decoder.init_cache(cfg, 6))
   np.testing.assert_allclose(logits, ref, atol=ATOL)
   np.testing.assert_allclose(cache.k, ref_cache.k, atol=ATOL)
 

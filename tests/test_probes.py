@@ -51,14 +51,22 @@ CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1,
 forward = jax.jit(lambda params, prompt, seq: decoder.token_logprobs(params, CFG, prompt, seq))
 
 
+def jitted_task(task):
+  """The task's sample, demonstrations and step ends jitted (one program per shape; op by
+  op they compile a few hundred small programs): the fixtures of the probe-pass tests."""
+  return (jax.jit(task.sample, static_argnums=1), jax.jit(task.demonstrations),
+          jax.jit(task.step_ends))
+
+
 def test_probes_equal_teacher_forcing_of_the_gold_continuation():
   params = decoder.init_params(jax.random.PRNGKey(0), CFG)
+  sample, demonstrations, step_ends = jitted_task(TASK)
   b, g, l = 2, 3, TASK.response_len
-  prompts, info = TASK.sample(jax.random.key(1), b)
-  demo, dmask = (np.asarray(x) for x in TASK.demonstrations(prompts, info))
+  prompts, info = sample(jax.random.key(1), b)
+  demo, dmask = (np.asarray(x) for x in demonstrations(prompts, info))
   # Responses: the demonstration, one with a wrong carry step, one cut after a step.
-  style = TASK.sample(jax.random.key(2), b)[1]['style']  # another valid path
-  other, omask = (np.asarray(x) for x in TASK.demonstrations(prompts, {**info, 'style': style}))
+  style = sample(jax.random.key(2), b)[1]['style']  # another valid path
+  other, omask = (np.asarray(x) for x in demonstrations(prompts, {**info, 'style': style}))
   tokens = np.stack([demo, other, demo], 1)
   mask = np.stack([dmask, omask, dmask], 1)
   tokens[:, 1, 0] = (tokens[:, 1, 0] + 1) % 10  # a wrong first term
@@ -67,10 +75,10 @@ def test_probes_equal_teacher_forcing_of_the_gold_continuation():
     mask[i, 2, first_comma[i] + 1:] = False  # truncated after step 1: no EOS
   ginfo = jax.tree.map(lambda x: jnp.repeat(x[:, None], g, 1), info)
   gp = jnp.repeat(prompts[:, None], g, 1)
-  ends = np.asarray(TASK.step_ends(gp, jnp.asarray(tokens), jnp.asarray(mask), ginfo)) & mask
+  ends = np.asarray(step_ends(gp, jnp.asarray(tokens), jnp.asarray(mask), ginfo)) & mask
   got = probes.step_probes(params, prompts, jnp.asarray(tokens), jnp.asarray(mask),
                            jnp.asarray(ends), info, cfg=CFG, task=TASK)
-  d_ends = np.asarray(TASK.step_ends(prompts, jnp.asarray(demo), jnp.asarray(dmask), info))
+  d_ends = np.asarray(step_ends(prompts, jnp.asarray(demo), jnp.asarray(dmask), info))
   for i in range(b):
     starts, _ = ref_cuts(d_ends[i], dmask[i], TASK.reasoning_steps)
     dl = int(dmask[i].sum())
@@ -223,10 +231,11 @@ def test_countdown_steps_demonstrations_have_every_probe():
   cfg = decoder.PolicyConfig(vocab_size=task.vocab_size, d_model=16, num_layers=1, num_heads=2,
                              d_ff=32, max_len=task.prompt_len + 2 * task.response_len)
   params = decoder.init_params(jax.random.PRNGKey(1), cfg)
-  prompts, info = task.sample(jax.random.key(3), 3)
-  demo, dmask = task.demonstrations(prompts, info)
+  sample, demonstrations, step_ends = jitted_task(task)
+  prompts, info = sample(jax.random.key(3), 3)
+  demo, dmask = demonstrations(prompts, info)
   tokens, mask = demo[:, None], dmask[:, None]  # G = 1: the demonstration itself
-  ends = task.step_ends(prompts, demo, dmask, info)[:, None] & mask
+  ends = step_ends(prompts, demo, dmask, info)[:, None] & mask
   got = probes.step_probes(params, prompts, tokens, mask, ends, info, cfg=cfg, task=task)
   assert got.mask.shape == (3, 1, task.reasoning_steps + 1) and bool(jnp.all(got.mask))
   assert np.all(np.isfinite(np.asarray(got.logprobs))) and np.all(np.asarray(got.logprobs) < 0)

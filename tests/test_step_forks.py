@@ -2,6 +2,8 @@
 of its search from its own outputs, and `elpo`'s error-localised credit against a
 plain-Python reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,20 @@ TASK = ScratchpadAddition(num_digits=3)
 CFG = decoder.PolicyConfig(vocab_size=TASK.vocab_size, d_model=16, num_layers=1, num_heads=2,
                            d_ff=32, max_len=TASK.prompt_len + TASK.response_len)
 
+# Jitted, one program per shape (op by op they compile a hundred small programs): the
+# prompts, the test's own boundaries and the estimators (as the loop's credit pass runs them).
+sample = jax.jit(TASK.sample, static_argnums=1)
+cuts_of = jax.jit(probe_cuts, static_argnums=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(name, hp):
+  return jax.jit(functools.partial(credit.get(name), **dict(hp)))
+
+
+def estimate(name, rollouts, **hp):
+  return np.asarray(_jitted(name, tuple(sorted(hp.items())))(rollouts))
+
 
 def test_bisection_steps():
   lo, hi, last = jnp.array([-1, 0, 2]), jnp.array([4, 2, 3]), jnp.array([3, 1, 2])
@@ -29,12 +45,16 @@ def test_bisection_steps():
   assert list(np.asarray(new_lo)) == [1, 0, 2] and list(np.asarray(new_hi)) == [4, 1, 3]
 
 
-def test_sampler_forks_where_the_search_says_and_copies_the_chain():
-  params = decoder.init_params(jax.random.PRNGKey(0), CFG)
+@pytest.fixture(scope='module')
+def params():
+  return decoder.init_params(jax.random.PRNGKey(0), CFG)
+
+
+def test_sampler_forks_where_the_search_says_and_copies_the_chain(params):
   b, n, r, c = 3, 3, 3, 2
-  prompts, info = TASK.sample(jax.random.key(0), b)
+  prompts, info = sample(jax.random.key(0), b)
   # A success is a response whose first token is even: forks after position 0 inherit it.
-  reward_fn = lambda t, m: ((t[..., 0] % 2 == 0) & m[..., 0]).astype(jnp.float32)
+  reward_fn = jax.jit(lambda t, m: ((t[..., 0] % 2 == 0) & m[..., 0]).astype(jnp.float32))
   ends_fn = lambda t, m: loop.group_process_rewards(prompts, t, m, info, task=TASK)[1]
   s, (lo, hi) = step_forks.sample_bisect(params, CFG, jax.random.key(1), prompts, n, r, c,
                                      TASK.response_len, reward_fn=reward_fn, ends_fn=ends_fn,
@@ -44,8 +64,8 @@ def test_sampler_forks_where_the_search_says_and_copies_the_chain():
   tokens = np.asarray(s.tokens)
   parent, fork = np.asarray(s.parent), np.asarray(s.fork)
   assert np.all(parent[:, :n] == -1) and np.all(fork[:, :n] == 0)
-  cuts, ok = (np.asarray(x) for x in probe_cuts(ends_fn(s.tokens[:, :n], s.mask[:, :n]),
-                                               s.mask[:, :n], TASK.reasoning_steps))
+  cuts, ok = (np.asarray(x) for x in cuts_of(ends_fn(s.tokens[:, :n], s.mask[:, :n]),
+                                            s.mask[:, :n], TASK.reasoning_steps))
   rewards = np.asarray(reward_fn(s.tokens, s.mask))
   # The case exercises the search: chains with several boundaries, probes won and lost.
   assert (ok.sum(-1) > 2).any()
@@ -89,21 +109,20 @@ def test_elpo_matches_reference(group):
   tokens, mask, rewards = group
   rewards = (rewards > 0.5).astype(np.float32)  # successes and failures
   r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards)
-  np.testing.assert_allclose(credit.get('elpo')(r), ref_elpo(tokens, mask, rewards),
-                             atol=1e-5)
+  np.testing.assert_allclose(estimate('elpo', r), ref_elpo(tokens, mask, rewards), atol=1e-5)
 
 
 def test_elpo_without_shared_prefixes_is_grpo():
   tokens = np.arange(12, dtype=np.int32).reshape(1, 4, 3)  # every first token differs
   mask = np.ones((1, 4, 3), bool)
   r = credit.Rollouts(tokens=tokens, mask=mask, rewards=np.array([[1.0, 0.0, 0.0, 1.0]]))
-  np.testing.assert_allclose(credit.get('elpo')(r), credit.get('grpo')(r), atol=1e-6)
+  np.testing.assert_allclose(estimate('elpo', r), estimate('grpo', r), atol=1e-6)
 
 
-def test_step_tree_forks_every_response_at_its_next_boundary():
-  params = decoder.init_params(jax.random.PRNGKey(0), CFG)
-  b, n, levels, c = 2, 2, 2, 2
-  prompts, info = TASK.sample(jax.random.key(0), b)
+def test_step_tree_forks_every_response_at_its_next_boundary(params):
+  # The bisection test's B, N and C: its chains' and first forks' decode programs serve here.
+  b, n, levels, c = 3, 3, 2, 2
+  prompts, info = sample(jax.random.key(0), b)
   ends_fn = lambda t, m: loop.group_process_rewards(prompts, t, m, info, task=TASK)[1]
   s = step_forks.sample_step_tree(params, CFG, jax.random.key(3), prompts, n, levels, c,
                                   TASK.response_len, ends_fn=ends_fn,
@@ -112,8 +131,8 @@ def test_step_tree_forks_every_response_at_its_next_boundary():
   g = step_forks.step_tree_size(n, levels, c)
   assert s.tokens.shape[1] == g == n * (1 + c) ** levels
   tokens, parent, fork = np.asarray(s.tokens), np.asarray(s.parent), np.asarray(s.fork)
-  cuts, ok = (np.asarray(x) for x in probe_cuts(ends_fn(s.tokens, s.mask), s.mask,
-                                               TASK.reasoning_steps))
+  cuts, ok = (np.asarray(x) for x in cuts_of(ends_fn(s.tokens, s.mask), s.mask,
+                                            TASK.reasoning_steps))
   size = n
   for level in range(1, levels + 1):  # rows [size, size (1 + c)) fork rows [0, size)
     for i in range(b):
@@ -141,5 +160,5 @@ def test_treeps_is_step_level_mc_values():
   ends = (rng.random((2, 4, 6)) < 0.4) & mask
   rewards = rng.integers(0, 2, (2, 4)).astype(np.float32)
   r = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, step_ends=ends)
-  np.testing.assert_allclose(credit.get('treeps')(r), credit.get('mc_values')(
-      r, granularity='step', scale_by_std=True), atol=1e-6)
+  np.testing.assert_allclose(estimate('treeps', r), estimate(
+      'mc_values', r, granularity='step', scale_by_std=True), atol=1e-6)

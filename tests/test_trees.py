@@ -24,10 +24,11 @@ def _python_lcp(a, b):
 def _check_against_reference(tree, tokens, mask, rewards):
   responses = ref.unpad(tokens, mask)
   expect = ref.group_tree(responses, [float(r) for r in rewards])
+  vb, va = map(np.asarray, trees.prefix_values(tree, rewards))
+  tree = jax.tree.map(np.asarray, tree)  # (indexing jax arrays element by element is slow)
   count = np.asarray(tree.count)
   node = np.asarray(tree.node)
   parent = np.asarray(tree.parent)
-  vb, va = map(np.asarray, trees.prefix_values(tree, rewards))
   seen = {}
   for g, resp in enumerate(responses):
     n = len(resp)
@@ -108,10 +109,11 @@ def test_batched_build_equals_loop_and_jit(group):
   chex.assert_shape(tree.node, tokens.shape)
   chex.assert_shape(tree.node_count, (2, 3, 1 + tokens.shape[-2] * tokens.shape[-1]))
   values = jax.jit(trees.prefix_values)(tree, rewards)
+  np_tree, values = jax.tree.map(np.asarray, (tree, values))  # numpy slices: no indexing ops
   for i in range(2):
     for j in range(3):
       one = trees.build(tokens[i, j], mask[i, j])
-      chex.assert_trees_all_equal(jax.tree.map(lambda x: x[i, j], tree), one)
+      chex.assert_trees_all_equal(jax.tree.map(lambda x: x[i, j], np_tree), one)
       chex.assert_trees_all_close(tuple(v[i, j] for v in values),
                                   trees.prefix_values(one, rewards[i, j]))
   vmapped = jax.vmap(jax.vmap(trees.build))(tokens, mask)
@@ -177,8 +179,9 @@ def test_sibling_stats(group):
   values = np.asarray(trees.node_mean(tree, rewards))
   stats = jax.tree.map(np.asarray, trees.sibling_stats(tree, values))
   children = {}
+  node_parent = np.asarray(tree.node_parent)
   for v in np.flatnonzero(np.asarray(tree.node_count))[1:]:
-    children.setdefault(int(tree.node_parent[v]), []).append(v)
+    children.setdefault(int(node_parent[v]), []).append(v)
   for kids in children.values():
     sib = values[kids]
     for v in kids:

@@ -201,17 +201,20 @@ def test_household_retry_restarts_a_failed_attempt_with_the_failure_in_context()
   import envs
   from experiments.rollouts import agent_sampling as ags
   env = envs.get_env("household_retry", attempts=2, max_turns=12)
-  state, _, _ = env.reset(jax.random.key(0), 2)
+  # Reset, step and milestones jitted, as the loop's sampler runs them (op by op they
+  # compile over a hundred small programs).
+  step, milestones = jax.jit(env.step), jax.jit(env.milestones)
+  state, _, _ = jax.jit(env.reset, static_argnums=1)(jax.random.key(0), 2)
   start = state
   wait = [jnp.asarray(np.repeat(x[None], 2, 0)) for x in env.pad_action(["go", "hall", "<eoa>"])]
   for t in range(6):  # the first attempt runs out of turns: the house is reset, "retry" shown
-    assert not np.asarray(env.milestones(state)).any()
-    state, obs, mask, reward, done, info = env.step(state, *wait)
+    assert not np.asarray(milestones(state)).any()
+    state, obs, mask, reward, done, info = step(state, *wait)
   assert np.all(np.asarray(info["attempt_end"])) and not np.asarray(done).any()
   assert np.all(np.asarray(state.attempt) == 1) and np.all(np.asarray(state.retry))
   assert np.all(np.asarray(obs[:, 0]) == env.token_id("retry"))
   assert env.render(state, 0) == "retry " + env.render(start, 0)
-  np.testing.assert_array_equal(env.milestones(state), [[True, False]] * 2)
+  np.testing.assert_array_equal(milestones(state), [[True, False]] * 2)
   for f in ("loc", "holding", "obj_loc", "clean", "goal_obj"):
     np.testing.assert_array_equal(getattr(state, f), getattr(start, f))
   assert env.state_id(state)[0] != env.state_id(start)[0]  # the attempt is part of the state
