@@ -42,6 +42,12 @@ def house_policy():
   return decoder.init_params(jax.random.PRNGKey(1), pcfg), pcfg
 
 
+# The tests' own calls of environment functions, jitted (one program each; op by op every
+# primitive in them compiles on its own).
+_reset = jax.jit(lambda env, key, n: env.reset(key, n), static_argnums=(0, 2))
+_env_fn = jax.jit(lambda env, name, *args: getattr(env, name)(*args), static_argnums=(0, 1))
+
+
 def unpad(tokens, mask):
   return [list(map(int, t[m])) for t, m in zip(np.asarray(tokens), np.asarray(mask))]
 
@@ -239,33 +245,41 @@ def test_igpo_matches_the_reference_and_is_grpo_with_one_turn():
 
 def test_answer_probes_equal_teacher_forcing_of_the_answer(house_policy):
   params, pcfg = house_policy
-  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 2)
-  state = HOUSE.reset(jax.random.fold_in(KEY, 0), 2)[0]
-  answer, amask = HOUSE.answer(state)
-  answer, amask = (jnp.repeat(x[:, None], 2, 1) for x in (answer, amask))
+  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 4)  # test_packed_logprobs' episodes
+  state = _reset(HOUSE, jax.random.fold_in(KEY, 0), 2)[0]
+  answer, amask = _env_fn(HOUSE, 'answer', state)
+  answer, amask = (jnp.repeat(x[:, None], 4, 1) for x in (answer, amask))
   got = np.asarray(ags.answer_logprobs(params, pcfg, HOUSE, ep.tokens, answer, amask))
   action_pos, _, _ = ags.slot_layout(HOUSE)
   tokens = np.asarray(ep.tokens)
+  probes = [(b, g, k) for b, g in ((0, 0), (1, 1)) for k in range(HOUSE.max_turns)]
+  seqs = []
+  for b, g, k in probes:
+    start = action_pos[k, 0]
+    seq = np.concatenate([tokens[b, g, :start], np.asarray(answer[b, g])])
+    # Padded to one length (one batch; causal attention ignores what follows).
+    seqs.append(np.pad(seq, (0, tokens.shape[-1] - len(seq))))
+  seqs = jnp.asarray(np.stack(seqs))
+  lp, _ = jax.jit(decoder.token_logprobs, static_argnums=1)(params, pcfg, seqs[:, :1],
+                                                            seqs[:, 1:])
+  for i, (b, g, k) in enumerate(probes):
+    start = action_pos[k, 0]
+    want = np.mean(np.asarray(lp)[i, start - 1:start - 1 + HOUSE.action_len])
+    np.testing.assert_allclose(got[b, g, k], want, atol=1e-5, err_msg=(b, g, k))
   for b, g in ((0, 0), (1, 1)):
-    for k in range(HOUSE.max_turns):
-      start = action_pos[k, 0]
-      seq = np.concatenate([tokens[b, g, :start], np.asarray(answer[b, g])])
-      # Padded to one length (one compile; causal attention ignores what follows).
-      seq = np.pad(seq, (0, tokens.shape[-1] - len(seq)))[None]
-      lp, _ = decoder.token_logprobs(params, pcfg, jnp.asarray(seq[:, :1]),
-                                     jnp.asarray(seq[:, 1:]))
-      want = np.mean(np.asarray(lp)[0, start - 1:start - 1 + HOUSE.action_len])
-      np.testing.assert_allclose(got[b, g, k], want, atol=1e-5)
     assert got[b, g, -1] == got[b, g, -2]  # index K is not probed
 
 
 # --------------------------------------------------------------------------- household solver
 
 
+EXPERT_ENV = household.Household(max_turns=8)  # the expert tests' (their programs compile once)
+
+
 def test_household_expert_solves_and_its_distances_count_down():
-  env = household.Household(max_turns=8)
-  state = env.reset(jax.random.fold_in(jax.random.key(0), 0), 128)[0]  # expert_episodes' starts
-  d0 = np.asarray(env.optimal_distance(state))
+  env = EXPERT_ENV
+  state = _reset(env, jax.random.fold_in(jax.random.key(0), 0), 128)[0]  # expert_episodes' starts
+  d0 = np.asarray(_env_fn(env, 'optimal_distance', state))
   assert list(d0) == [len(env.expert_plan(state, i)) for i in range(128)]
   ep = ags.expert_episodes(env, jax.random.key(0), 128)
   assert bool(jnp.all(ep.success))
@@ -278,11 +292,11 @@ def test_household_expert_solves_and_its_distances_count_down():
   other = (state.goal_obj + 1) % household.NUM_OBJ
   held = state.replace(holding=other.astype(jnp.int32),
                        obj_loc=state.obj_loc.at[jnp.arange(128), other].set(-1))
-  assert np.all(np.asarray(env.optimal_distance(held)) >= d0 + 1)
-  start = (held, *env.observe(held))
+  assert np.all(np.asarray(_env_fn(env, 'optimal_distance', held)) >= d0 + 1)
+  start = (held, *_env_fn(env, 'observe', held))
   ep2 = ags.expert_episodes(env, jax.random.key(0), 128, start=start)
   assert bool(jnp.all(ep2.success))
-  np.testing.assert_array_equal(ep2.lengths[:, 0], env.optimal_distance(held))
+  np.testing.assert_array_equal(ep2.lengths[:, 0], _env_fn(env, 'optimal_distance', held))
   # CAST's solver values: γ^(d-1) plus the reward so far; advantages telescope to
   # R - V*(s_0) on every trajectory.
   gamma = 0.9
@@ -318,10 +332,11 @@ def test_household_expert_solves_and_its_distances_count_down():
 
 
 def test_household_answer_is_the_final_put():
-  state = HOUSE.reset(jax.random.fold_in(jax.random.key(1), 0), 16)[0]
-  answer, mask = HOUSE.answer(state)
-  ep = ags.expert_episodes(HOUSE, jax.random.key(1), 16)
-  _, actions, _ = ags.split_slots(ep.tokens[:, 0], HOUSE)
+  env = EXPERT_ENV
+  state = _reset(env, jax.random.fold_in(jax.random.key(0), 0), 128)[0]  # expert_episodes' starts
+  answer, mask = _env_fn(env, 'answer', state)
+  ep = ags.expert_episodes(env, jax.random.key(0), 128)
+  _, actions, _ = ags.split_slots(ep.tokens[:, 0], env)
   last = np.take_along_axis(np.asarray(actions), np.asarray(ep.lengths)[:, :1, None] - 1, 1)[:, 0]
   np.testing.assert_array_equal(last, answer)
   assert bool(jnp.all(mask))
@@ -433,7 +448,7 @@ def test_solver_values_bootstrap_trajectories_cut_by_the_turn_limit(house_policy
   """A trajectory that runs out of turns is truncated, not failed: its last value is the
   solver value of where it stopped (no cliff on the turn the deadline became infeasible)."""
   params, pcfg = house_policy
-  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 4, 4)
+  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 4)  # test_packed_logprobs' episodes
   cut = ~np.asarray(ep.success) & (np.asarray(ep.lengths) == HOUSE.max_turns)
   assert cut.any()
   values = np.asarray(ags.solver_values(ep, HOUSE, 0.9))

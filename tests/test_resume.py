@@ -3,7 +3,9 @@ checkpoints and a full disk gives exactly the metric rows of an uninterrupted ru
 methods / seeds are refused; --config.quick keeps what the user set.
 
 The kill -9 test runs the loop in subprocesses (this file is their driver, `__main__` below)
-with a persistent compilation cache, so only the first one compiles.
+in this process's environment: they read the programs the in-process reference run
+(`reference`, the uninterrupted run they are compared with) left in the run's persistent
+compilation cache, so none of them compiles the loop's programs again.
 """
 
 import errno
@@ -66,18 +68,21 @@ def assert_same_rows(got, want):
 # kill -9 at random points, several times in a row.
 
 
-def env(cache: str) -> dict:
-  flags = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
-  out = dict(os.environ, XLA_FLAGS=f'{flags} {os.environ.get("XLA_FLAGS", "")}',
-             JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0', PYTHONPATH=ROOT)
+def env(cache=None) -> dict:
+  """The subprocesses' environment: this process's (its XLA flags, and with cache None its
+  persistent compilation cache, whose programs they then read), single-process; they cache
+  every program they compile (the small ones too), for the next start."""
+  out = dict(os.environ, PYTHONPATH=ROOT, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  if cache is not None:
+    out['JAX_COMPILATION_CACHE_DIR'] = cache
   for k in ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID',
             'TREECREDIT_DISTRIBUTED'):
     out.pop(k, None)
   return out
 
 
-def start(workdir, steps, cache):
+def start(workdir, steps, cache=None):
   return subprocess.Popen([sys.executable, os.path.abspath(__file__), str(workdir), str(steps)],
                           cwd=ROOT, env=env(cache), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
@@ -124,18 +129,23 @@ def kill_at_random_points(workdir, steps, cache, kills: int, rng, deadline: floa
 @pytest.mark.slow
 def test_kill_9_at_random_points_then_resume_gives_every_row_once(tmp_path):
   """Eight kill -9's at random points (sampling, update, metric write, checkpoint save)."""
-  _kill_test(tmp_path, steps=24, kills=8, seed=int(os.environ.get('KILL_SEED', '0')))
-
-
-def test_kill_9_twice_then_resume_gives_every_row_once(tmp_path):
-  """The fast variant: two kill -9's on an 8-step run."""
-  _kill_test(tmp_path, steps=8, kills=2, seed=int(os.environ.get('KILL_SEED', '1')))
-
-
-def _kill_test(tmp_path, steps, kills, seed):
   cache = str(tmp_path / 'jit_cache')
-  finish(start(tmp_path / 'straight', steps, cache))  # the reference; fills the cache
-  want = rows_of(tmp_path / 'straight')
+  finish(start(tmp_path / 'straight', 24, cache))  # the reference; fills the cache
+  params = dict(np.load(tmp_path / 'straight' / 'params.npz'))
+  _kill_test(tmp_path, (rows_of(tmp_path / 'straight'), list(params.values())), steps=24,
+             kills=8, seed=int(os.environ.get('KILL_SEED', '0')), cache=cache)
+
+
+def test_kill_9_twice_then_resume_gives_every_row_once(tmp_path, reference):
+  """The fast variant: two kill -9's on the in-process tests' 6-step run, compared with
+  their uninterrupted run (`reference`; the subprocesses read its compiled programs)."""
+  _kill_test(tmp_path, reference, steps=STEPS, kills=2,
+             seed=int(os.environ.get('KILL_SEED', '1')))
+
+
+def _kill_test(tmp_path, reference, steps, kills, seed, cache=None):
+  """`reference`: (rows, params leaves) of the uninterrupted `steps`-step run."""
+  want, want_params = reference
   assert [r['step'] for r in want] == list(range(steps + 1))
   assert any(r.get('frac_groups_with_signal', 0) > 0 for r in want)
   log = kill_at_random_points(tmp_path / 'killed', steps, cache, kills, random.Random(seed),
@@ -144,9 +154,10 @@ def _kill_test(tmp_path, steps, kills, seed):
   print('kills (what, delay s, metric lines at the kill):', log)
   assert sum(1 for e in log if e[0] == 'killed') >= 1, log
   assert_same_rows(rows_of(tmp_path / 'killed'), want)
-  params = [dict(np.load(tmp_path / d / 'params.npz')) for d in ('straight', 'killed')]
-  for k in params[0]:
-    np.testing.assert_array_equal(params[0][k], params[1][k], err_msg=k)
+  got = dict(np.load(tmp_path / 'killed' / 'params.npz'))  # saved in leaf order
+  assert len(got) == len(want_params), list(got)
+  for (k, x), y in zip(got.items(), want_params):
+    np.testing.assert_array_equal(x, y, err_msg=k)
 
 
 # ----------------------------------------------------------------------------

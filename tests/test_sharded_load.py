@@ -9,8 +9,10 @@ The multi-device checks run this file as a script with 8 host CPU devices.
 import functools
 import json
 import os
+import pathlib
 import subprocess
 import sys
+import tempfile
 
 import jax
 import ml_dtypes
@@ -125,17 +127,33 @@ def test_default_save_is_unchanged_and_float32_shards_hold_the_same_tensors(tmp_
   assert not list((tmp_path / 'many').glob('*.partial'))
 
 
+@functools.lru_cache(maxsize=None)
+def _two_file_size(name):
+  """The smallest shard size from half the checkpoint's bytes up that splits the bf16
+  checkpoint of `name` into 2 files. Each file is filled in order up to the size, so the
+  number of files never grows with the size: bisection (~15 writes, once per module)."""
+  params, cfg = random_params(CONFIGS[name]), CONFIGS[name]
+  with tempfile.TemporaryDirectory() as d:
+    def num_files(size):
+      path = pathlib.Path(d) / str(size)
+      hf_loader.save_hf_dir(path, params, cfg, dtype='bfloat16', shard_size=size)
+      return len(list(path.glob('*.safetensors')))
+    total = 2 * sum(x.size for x in jax.tree.leaves(params))  # bfloat16 bytes
+    lo, hi = total // 2, total - 1  # below the total: at least 2 files; total - 1: 2
+    while lo < hi:
+      mid = (lo + hi) // 2
+      lo, hi = (lo, mid) if num_files(mid) <= 2 else (mid + 1, hi)
+    return hi
+
+
 def _two_files(tmp_path, name='llama_bias_gqa'):
-  """A checkpoint split into exactly 2 files (the shard size is half the total, rounded up)."""
-  params, cfg = write(tmp_path / 'probe', name, dtype='bfloat16')
-  total = sum(x.nbytes for x in load_file(str(tmp_path / 'probe' / 'model.safetensors')).values())
-  for size in range(total // 2, total):
-    path = tmp_path / f'two_{size}'
-    hf_loader.save_hf_dir(path, params, cfg, dtype='bfloat16', shard_size=size)
-    files = sorted(p.name for p in path.glob('*.safetensors'))
-    if len(files) == 2:
-      return path, files
-  raise AssertionError('no shard size gives 2 files')
+  """A checkpoint split into exactly 2 files (`_two_file_size`)."""
+  params, cfg = random_params(CONFIGS[name]), CONFIGS[name]
+  path = tmp_path / 'two'
+  hf_loader.save_hf_dir(path, params, cfg, dtype='bfloat16', shard_size=_two_file_size(name))
+  files = sorted(p.name for p in path.glob('*.safetensors'))
+  assert len(files) == 2, files
+  return path, files
 
 
 def test_two_file_checkpoint_with_index(tmp_path):

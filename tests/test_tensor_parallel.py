@@ -158,13 +158,17 @@ def check_sampler(params, placed, mesh):
   kw = dict(eos_id=1, pad_id=0)
   want = sampling.sample_iid(params, CFG, jax.random.PRNGKey(4), prompts, G, RESPONSE, **kw)
   rows = ts.batch_sharding(mesh)
-  with jax.set_mesh(mesh):
-    got = sampling.sample_iid(placed, CFG, jax.random.PRNGKey(4), jax.device_put(prompts, rows),
-                              G, RESPONSE, **kw)
-    u = sampling._uniforms_jit(jax.random.PRNGKey(4), jnp.arange(B), jnp.arange(G),
-                               length=RESPONSE)
-    state = sampling._start(placed, jax.device_put(prompts, rows), u,
-                            jnp.full((B,), PROMPT, jnp.int32), cfg=CFG, pad_id=0)
+  # The state the sampler's prefill (`sampling._start`) hands its decode loop, recorded
+  # during the call: that call's own KV cache (no separate prefill to compile).
+  started, real_start = [], sampling._start
+  sampling._start = lambda *a, **k: started.append(real_start(*a, **k)) or started[-1]
+  try:
+    with jax.set_mesh(mesh):
+      got = sampling.sample_iid(placed, CFG, jax.random.PRNGKey(4),
+                                jax.device_put(prompts, rows), G, RESPONSE, **kw)
+  finally:
+    sampling._start = real_start
+  (state,) = started
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
   _close(got.logprobs, want.logprobs, what='sampled log-probs')
   want_cache = NamedSharding(mesh, P(None, ('data', 'fsdp'), None, 'model', None))
@@ -221,8 +225,9 @@ def test_prefill_writes_the_repeated_cache():
   """`decoder.prefill` into a cache of B * n rows equals the B-row prefill repeated."""
   params = decoder.init_params(jax.random.PRNGKey(0), CFG)
   prompts = jax.random.randint(jax.random.PRNGKey(1), (3, PROMPT), 0, CFG.vocab_size)
-  _, small = decoder.prefill(params, CFG, prompts)
-  _, big = decoder.prefill(params, CFG, prompts, decoder.init_cache(CFG, 3 * 4))
+  prefill = jax.jit(decoder.prefill, static_argnums=1)  # as the sampler runs it; op by op is slow
+  _, small = prefill(params, CFG, prompts)
+  _, big = prefill(params, CFG, prompts, decoder.init_cache(CFG, 3 * 4))
   for a, b in ((big.k, small.k), (big.v, small.v)):
     np.testing.assert_allclose(np.asarray(a), np.repeat(np.asarray(b), 4, axis=1), atol=1e-6)
   with pytest.raises(ValueError, match='multiple of the prompts'):
