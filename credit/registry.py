@@ -9,10 +9,10 @@ that also take tokens out of the policy loss (SPO's probability mask).
 A stateful estimator (a pass-rate EMA, a curriculum, a closed-loop entropy target)
 registers `state=(init, update)`: `init(**hparams)` gives the first state pytree (static
 shapes; an `init` that takes `prompts` keeps a history per prompt of a fixed pool, read
-through `Rollouts.prompt_ids`), `update(state, rollouts, **hparams)` the next one. The estimator itself keeps the
-one signature and reads the state before this batch from `rollouts.credit_state`; the loop
-calls `update` after the advantages, carries the state in its checkpointed loop state, so a
-resumed run is exact.
+through `Rollouts.prompt_ids`), `update(state, rollouts, **hparams)` the next one. The
+estimator itself keeps the one signature and reads the state before this batch from
+`rollouts.credit_state`; the loop calls `update` after the advantages, carries the state in
+its checkpointed loop state, so a resumed run is exact.
 
 Rollouts with a `row_mask` (groups of varying size padded to G) go only to estimators
 registered with `rows=True`, whose group statistics skip the padded rows; any other raises
