@@ -118,7 +118,7 @@ PAPERS = {
     'salt': ('SALT, multi-turn', (0,), 'configs/salt.py', 'experiments/salt.py'),
     'scrl': ('SCRL (#76), subproblem-level normalisation (issue 23)', (76,), 'configs/milestones.py:steps', 'experiments/milestones.py'),
     'sibling_grpo': ('TreeRPO / Sibling-GRPO (V-STAR)', (179,), 'configs/tempo.py with --config.methods=sibling_grpo:tree_fixed', 'experiments/tempo.py'),
-    'siop': ('SIOP (#75), label-free potential toward the modal answer (issue 23)', (75,), 'configs/hindsight.py', 'experiments/hindsight.py'),
+    'siop': ("SIOP (#75), label-free potential toward each response's own answer cluster (issue 23)", (75,), 'configs/hindsight.py', 'experiments/hindsight.py'),
     'spae': ('SPAE (#22), step potential advantage (issue 23)', (22,), 'configs/probes.py', 'experiments/probes.py'),
     'spo_chain': ('SPO-chain (Guo et al. 2025)', (10,), 'configs/spo.py', 'experiments/spo.py'),
     'spo_tree': ('SPO-tree (Guo et al. 2025)', (10,), 'configs/spo.py', 'experiments/spo.py'),
@@ -145,7 +145,6 @@ STAND_INS = {
              "reward), not a reference-model response's reward"),
     'progress_advantage': 'a trajectory-scoring quantity used as a training bonus',
     'progress_advantage_step': 'a trajectory-scoring quantity used as a training bonus',
-    'siop': 'all target mass on the modal answer: the reliability-aware part is dropped',
     'appo': ("the released scripts' future-KL loss weight (each token's advantage times "
              "1 + clip(exp(FutureKL), 1, 1.2)) is not applied; the reward scale M is 1 (upstream "
              "it acts only when the branch is at the last token: docs/conventions.md)"),

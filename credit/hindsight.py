@@ -1,22 +1,23 @@
 """Hindsight, answer-conditioned step credit (issue 23's counterfactual family): PBSD (#164)
-and HCAPO (#9) with the gold answer; SIOP (#75) with the group's own modal answer.
+and HCAPO (#9) with the gold answer; SIOP (#75) with each response's own answer.
 
-Both read one extra teacher-forced pass, `rollouts.hindsight_logprobs` [..., G, L]: the
-same policy scoring the response with the task's gold answer placed after the prompt (a
-privileged teacher; experiments/training/hindsight.py), beside the sampling log-probs
-(`old_logprobs`, else `logprobs`). Write d_t = log π(y_t | x, a*, y_<t) − log π(y_t | x, y_<t).
-By Bayes, Σ_t d_t over a prefix is log p(a* | x, prefix) / p(a* | x) up to the prior's
+They read one extra teacher-forced pass, `rollouts.hindsight_logprobs` [..., G, L]: the
+same policy scoring the response with an answer placed after the prompt (a privileged
+teacher; experiments/training/hindsight.py), beside the sampling log-probs (`old_logprobs`,
+else `logprobs`). Write d_t = log π(y_t | x, a, y_<t) − log π(y_t | x, y_<t).
+By Bayes, Σ_t d_t over a prefix is log p(a | x, prefix) / p(a | x) up to the prior's
 constant: how much the prefix raised the answer's posterior. Step j of a response is its
-tokens after j step ends through the (j+1)-th (`rollouts.step_ends`); only its reasoning
-steps get a hindsight term: closed steps, except one closed on the response's last token
-(the answer and its EOS, which the teacher could copy).
-Readings are in each docstring; both reduce to GRPO exactly at coefficient 0, or when the
-hindsight pass equals the sampling pass (d = 0).
+tokens after j step ends through the (j+1)-th (`rollouts.step_ends`); in PBSD and HCAPO only
+its reasoning steps get a hindsight term: closed steps, except one closed on the response's
+last token (the answer and its EOS, which the teacher could copy).
+Readings are in each docstring; PBSD and HCAPO reduce to GRPO exactly at coefficient 0, or
+when the hindsight pass equals the sampling pass (d = 0).
 """
 
 import jax.numpy as jnp
 
 from credit.implied_values import _step_sums  # each token's step total
+from credit.groups import last_tokens
 from credit.outcome import grpo_per_response
 from credit.probes import _normalised_over_group
 from credit.registry import register
@@ -25,14 +26,11 @@ from credit.turn_base import _EPS, _grpo
 from trees.step_graph import map_groups
 
 
-def modal_answer(tokens, mask, step_ends):
-  """The group's most frequent final answer. A response's answer is its tokens after its
-  last reasoning step, without the step end on its last token (scratch_add: the sum's
-  digits before EOS); a response whose last token closes no step (cut off) has none and
-  does not vote. Returns (answer int32 [..., L] of the modal response, left-aligned, −1
-  after; its length int32 [...]; agree bool [..., G]: the response's answer is the mode),
-  all empty / False in a group without answers; ties go to the lowest index.
-  """
+def final_answers(tokens, mask, step_ends):
+  """Each response's final answer: its tokens after its last reasoning step, without the
+  step end on its last token (scratch_add: the sum's digits before EOS). A response whose
+  last token closes no step (cut off) has none. Returns (answers int32 [..., G, L],
+  left-aligned, −1 after; lengths int32 [..., G]; has bool [..., G])."""
   r = Rollouts(tokens=tokens, mask=mask, rewards=jnp.zeros(mask.shape[:-1]),
                step_ends=step_ends)
   reasoning, ends = reasoning_steps(r)
@@ -46,14 +44,20 @@ def modal_answer(tokens, mask, step_ends):
   src = jnp.clip(start[..., None] + t, 0, l - 1)
   ans = jnp.where(t < length[..., None], jnp.take_along_axis(jnp.asarray(tokens, jnp.int32),
                                                             src, -1), -1)
-  eq = (jnp.all(ans[..., :, None, :] == ans[..., None, :, :], -1)
-        & has[..., :, None] & has[..., None, :])
-  mode = jnp.argmax(jnp.sum(eq, -1), -1)  # [...]
-  any_answer = jnp.any(has, -1)
-  agree = jnp.take_along_axis(eq, mode[..., None, None], -2)[..., 0, :] & any_answer[..., None]
-  answer = jnp.take_along_axis(ans, mode[..., None, None], -2)[..., 0, :]
-  mode_len = jnp.where(any_answer, jnp.take_along_axis(length, mode[..., None], -1)[..., 0], 0)
-  return answer, mode_len, agree
+  return ans, length, has
+
+
+def answer_clusters(tokens, mask, step_ends):
+  """SIOP's outcome states by exact match: (same bool [..., G, G]: responses i and j have
+  the same final answer, both having a non-empty one; share float32 [..., G]: the fraction
+  of the group's answered responses in response i's cluster, m(c_i | q), 0 without one)."""
+  ans, length, has = final_answers(tokens, mask, step_ends)
+  has = has & (length > 0)  # the authors' code drops empty answers
+  same = (jnp.all(ans[..., :, None, :] == ans[..., None, :, :], -1)
+          & has[..., :, None] & has[..., None, :])
+  answered = jnp.sum(has, -1, keepdims=True)
+  share = jnp.sum(same, -1) / jnp.maximum(answered, 1)
+  return same, jnp.where(has, share, 0.0).astype(jnp.float32)
 
 
 def _log_ratio(rollouts: Rollouts, who: str):
@@ -131,27 +135,52 @@ def outcome_plus_step_term(rollouts, per_step, closed, is_end, coef, scale_by_st
 
 
 @register("siop", needs=("step_ends", "self_hindsight"))
-def siop(rollouts: Rollouts, *, coef: float = 1.0, broadcast: bool = False,
+def siop(rollouts: Rollouts, *, lam: float = 0.5, broadcast: bool = False,
          scale_by_std: bool = True, eps: float = _EPS):
-  """SIOP (#75): label-free, potential-based step credit toward the group's own outcome
-  modes. The group's final answers are clustered (exact match: `modal_answer`), the largest
-  cluster is the target (the reading of the abstract's "reliability-aware target
-  distribution": all of its mass on the most supported mode), and the loop's hindsight
-  pass puts that modal answer, not the gold one, after the prompt (`needs` 'self_hindsight';
-  `rollouts.hindsight_logprobs`). Step j's potential gain is its evidence toward the mode,
-  e_j = Σ_{t in step j} d_t (the increase in log p(mode | prefix), by Bayes); reasoning steps
-  get coef · ẽ_j, e normalised over the group's steps. The answer's tokens get the
-  group-relative agreement with the mode, GRPO over a_i = 1[answer_i = mode] ("avoiding the
-  broadcasted rollout-level advantage": the reasoning steps get none of it unless
-  `broadcast`). The task's reward is not used: the method needs no verifier.
-  Returns float32 [..., G, L].
+  """SIOP (#75), as the authors' code computes it (dl-m9/SIOP: `siop_process_reward.py`,
+  `core_algos.py` 'siop'), with exact-match clusters and its reliability calibration off
+  (η = 0: that evidence is NLI over tool observations), so q_i = m(c_i | q), the share of
+  the group's answered responses in the cluster of response i's own answer. Label-free: the
+  task's reward is not read. Step j's reward is q_i · (log p̂_{j+1} − log p̂_j), p̂ the
+  per-token probability of i's answer after the prompt and i's first j steps; by Bayes that
+  is the step's evidence Σ_{t in j} d_t over the answer's length, d from the loop's hindsight
+  pass with i's own answer after the prompt (`rollouts.hindsight_logprobs`). The last step
+  adds (1 − lam) · q_i; a one-step response gets only that; without an answer q_i = 0. The
+  group's step rewards (every step of every response) are normalised together ((r − μ)/(σ +
+  ε), σ Bessel, 1 when below ε; 0 for fewer than two) and each token gets the sum over its
+  step and the later ones (γ = 1). `broadcast`: the authors' ablation, GRPO over each
+  response's total reward. Returns float32 [..., G, L].
   """
-  _, closed, is_end, evidence = _log_ratio(rollouts, "siop")
-  _, _, agree = modal_answer(rollouts.tokens, rollouts.mask, rollouts.step_ends)
-  a = map_groups(lambda x: _grpo(x, bool(scale_by_std), float(eps)), agree.shape[:-1],
-                 agree.astype(jnp.float32))
-  step = _step_sums(jnp.where(is_end, _normalised_over_group(evidence, is_end, eps), 0.0),
-                    closed, is_end)
-  mask = jnp.asarray(rollouts.trained_mask, bool)
-  base = jnp.where(closed & (not broadcast), 0.0, a[..., None])
-  return jnp.where(mask, base + coef * step, 0.0).astype(jnp.float32)
+  if rollouts.hindsight_logprobs is None or rollouts.step_ends is None:
+    raise ValueError("siop needs rollouts.hindsight_logprobs (each response's own answer "
+                     "after the prompt: the loop's self_hindsight pass) and rollouts.step_ends.")
+  policy = rollouts.sampling_logprobs
+  if policy is None:
+    raise ValueError("siop needs rollouts.logprobs (or old_logprobs): log π(y | prompt).")
+  mask = jnp.asarray(rollouts.mask, bool)
+  ends = jnp.asarray(rollouts.step_ends, bool) & mask
+  d = jnp.where(mask, jnp.asarray(rollouts.hindsight_logprobs, jnp.float32)
+                - jnp.asarray(policy, jnp.float32), 0.0)
+  _, length, _ = final_answers(rollouts.tokens, mask, ends)
+  _, q = answer_clusters(rollouts.tokens, mask, ends)
+  last = last_tokens(mask)
+  marks = (ends | last) & mask  # each step's last token, where its reward sits
+  several = jnp.sum(marks, -1, keepdims=True) > 1
+  gain = _step_sums(d, mask, ends) / jnp.maximum(length, 1)[..., None].astype(jnp.float32)
+  r = (jnp.where(marks & several, q[..., None] * gain, 0.0)
+       + jnp.where(last, (1.0 - lam) * q[..., None], 0.0))
+  if broadcast:
+    a = map_groups(lambda x: _grpo(x, bool(scale_by_std), float(eps)), q.shape[:-1],
+                   jnp.sum(r, -1))
+    return jnp.where(jnp.asarray(rollouts.trained_mask, bool), a[..., None],
+                     0.0).astype(jnp.float32)
+  axes = (-2, -1)
+  n = jnp.sum(marks, axes, keepdims=True)
+  mean = jnp.sum(jnp.where(marks, r, 0.0), axes, keepdims=True) / jnp.maximum(n, 1)
+  dev = jnp.where(marks, r - mean, 0.0)
+  if scale_by_std:
+    std = jnp.sqrt(jnp.sum(dev ** 2, axes, keepdims=True) / jnp.maximum(n - 1, 1))
+    dev = dev / (jnp.where(std < eps, 1.0, std) + eps)
+  z = jnp.where(n > 1, dev, 0.0)
+  to_go = jnp.flip(jnp.cumsum(jnp.flip(z, -1), -1), -1)  # this step's and the later ones'
+  return jnp.where(jnp.asarray(rollouts.trained_mask, bool), to_go, 0.0).astype(jnp.float32)

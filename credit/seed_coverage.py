@@ -122,6 +122,8 @@ STAND_IN_SOURCES = {
     33: "the ablated input is the next group's prompt; one-sample token KL",
     34: 'key reasoning phases = a fixed positional U',
     46: 'counted (state, action) success rates replace LLM-distilled experiences',
+    75: ('exact-match answers replace NLI clusters; the reliability calibration is off (its '
+         'evidence is NLI over tool observations), so q is the cluster\'s share'),
     131: "the step verifier finds the error and the reference's step is the intervention",
     134: "the probe's reward is the gold answer's geometric-mean token probability",
     169: "the expert's next step at the first wrong step only",

@@ -47,7 +47,7 @@ NEEDS = {
     'replay_failures': Need('loop', 'replay also stores failures (two-sided replay)'),
     'interventions': Need('loop', 'a fine-tuning phase on single-step interventions first'),
     'expert_sft': Need('loop', 'an SFT step toward the expert after each update'),
-    'self_hindsight': Need('loop', "the hindsight pass with each group's modal answer"),
+    'self_hindsight': Need('loop', "the hindsight pass with each response's own answer"),
 }
 
 

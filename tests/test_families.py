@@ -16,14 +16,16 @@ from experiments.training import compare, loop
 # Variants that add a method to another family's script run slow-marked (their loop paths
 # have quick tests of their own: test_interventions, test_replay, test_milestones,
 # test_step_forks; ADHint's 'difficulty' hints: test_hints, its sampler: the 'hints' run),
-# except 'tree_search:appo', the only loop run of the 'tree_branching' sampler.
+# except 'tree_search:appo', the only loop run of the 'tree_branching' sampler. 'policy_losses:em'
+# is slow too: the 'em' loss is tested in test_policy_losses, the loop's per-method loss by
+# 'policy_losses' and the KL in the loss by test_train_step.
 # Also slow: families whose passes test_golden's fast cases run exactly (confidence: gepo_iid;
 # context_shift: gcpo_iid; saliency: grail_iid; probes: spae_iid; hindsight: pbsd_iid, siop_iid;
 # entropy_weighting's entropy, stateful credit and reference log-probs: gepo_iid, progrpo_kl).
 FAMILIES = ('polarity', 'implied_values', 'policy_losses', 'hints',
             'tree_search', 'tree_search:appo',
             *(pytest.param(f, marks=pytest.mark.slow)
-              for f in ('milestones:steps', 'expert_traces:steps', 'replay:offline',
+              for f in ('policy_losses:em', 'milestones:steps', 'expert_traces:steps', 'replay:offline',
                         'tree_search:steps', 'hints:adhint', 'confidence', 'context_shift',
                         'saliency', 'probes', 'hindsight:plain', 'entropy_weighting')))
 

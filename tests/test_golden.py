@@ -18,8 +18,9 @@ from golden import record
 FAST = ('grpo_iid', 'resume_grpo_iid', 'grpo_lagged', 'grpo_knapsack', 'r3_pool', 'gepo_iid',
         'ppo_warmup', 'progrpo_kl', 'gcpo_iid', 'pbsd_iid', 'siop_iid', 'grail_iid', 'spae_iid',
         'intervention_iid', 'distil_iid', 'agents_experience')
-# A float tie that flips on another CPU (siop's modal answer): only this machine's own records
-# decide these; a machine without them skips them (its rows differ by more than rounding).
+# A float tie flipped on another CPU (siop's modal answer, before siop followed its authors'
+# code): only this machine's own records decide these; a machine without them skips them (its
+# rows differ by more than rounding). Kept until siop_iid is checked on another CPU.
 TIE_FLIPS = ('siop_iid',)
 # (records, this machine's own) for the programs users compile and for the suite's.
 RECORDS = {optimize: record.load(optimize) for optimize in (True, False)}

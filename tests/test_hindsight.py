@@ -300,14 +300,6 @@ def ref_answers(tokens, mask, ends):
   return out
 
 
-def ref_mode(answers):
-  counts = [sum(a is not None and a == b for b in answers) if a is not None else 0
-            for a in answers]
-  if max(counts) == 0:
-    return None
-  return answers[int(np.argmax(counts))]
-
-
 @st.composite
 def answer_groups(draw):
   g = draw(st.sampled_from([1, 4, 6]))
@@ -329,63 +321,105 @@ def answer_groups(draw):
 
 @settings(max_examples=15, deadline=None)
 @given(answer_groups())
-def test_modal_answer_matches_reference(data):
-  tokens, mask, ends = data[:3]
-  answer, length, agree = (np.asarray(x) for x in jax.jit(credit.hindsight.modal_answer)(
-      jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(ends)))  # (jitted: see `estimate`)
+def test_final_answers_and_their_clusters_match_reference(data):
+  tokens, mask, ends = (jnp.asarray(x) for x in data[:3])
+  (answer, length, has), (same, share) = jax.jit(lambda *a: (
+      credit.hindsight.final_answers(*a), credit.hindsight.answer_clusters(*a)))(
+          tokens, mask, ends)  # (jitted: see `estimate`)
   for b in range(2):
+    answers = ref_answers(*(np.asarray(x)[b] for x in (tokens, mask, ends)))
+    valid = [a for a in answers if a]  # the authors' code drops empty answers
+    for i, a in enumerate(answers):
+      assert bool(has[b, i]) == (a is not None)
+      if a is not None:
+        assert tuple(np.asarray(answer[b, i, :length[b, i]])) == a
+      assert np.all(np.asarray(answer[b, i, length[b, i]:]) == -1)
+      assert float(share[b, i]) == pytest.approx(valid.count(a) / len(valid) if a else 0.0)
+      assert list(np.asarray(same[b, i])) == [bool(a) and a == c for c in answers]
+
+
+def ref_siop(tokens, mask, ends, lp, hs, lam, broadcast):
+  """The authors' SIOP (dl-m9/SIOP a871ef9: `siop_cluster_pass`, `compute_siop_process_rewards`
+  and core_algos' 'siop' advantage), read and rewritten for one chain-of-thought response per
+  row: clusters by exact match, q = the cluster's share of the answered responses (η = 0);
+  turns are the steps (each closed by a step end, plus a cut-off tail); turn k's reward is
+  q (log p̂_k − log p̂_{k−1}), p̂ the answer's per-token probability, which Bayes turns into
+  the step's hindsight evidence over the answer's length; the last turn adds (1 − λ) q and a
+  one-turn response gets only that; the group's turn rewards are z-normalised together (std
+  below 1e-6 -> 1; one reward -> 0), then summed from each turn to the last."""
+  out = np.zeros(mask.shape)
+  d = (hs - lp).astype(np.float64)
+  for b in range(mask.shape[0]):
     answers = ref_answers(tokens[b], mask[b], ends[b])
-    mode = ref_mode(answers)
-    if mode is None:
-      assert length[b] == 0 and not agree[b].any()
+    valid = [a for a in answers if a]
+    rewards, spans = [], []
+    for i, a in enumerate(answers):
+      n = int(mask[b, i].sum())
+      cuts = [t + 1 for t in range(n) if ends[b, i, t]]
+      steps = list(zip([0] + cuts, cuts + ([n] if not cuts or cuts[-1] < n else [])))
+      steps = steps if n else []
+      q = valid.count(a) / len(valid) if a else 0.0
+      r = [0.0] * len(steps)
+      for k, (s0, s1) in enumerate(steps):
+        if q and len(steps) > 1:
+          r[k] += q * d[b, i, s0:s1].sum() / len(a)
+      if steps:
+        r[-1] += (1 - lam) * q
+      rewards.append(r)
+      spans.append(steps)
+    if broadcast:
+      totals = grpo_ref(np.array([[sum(r) for r in rewards]]))[0]
+      for i in range(len(answers)):
+        out[b, i][mask[b, i]] = totals[i]
       continue
-    assert tuple(answer[b, :length[b]]) == mode and np.all(answer[b, length[b]:] == -1)
-    assert list(agree[b]) == [a is not None and a == mode for a in answers]
+    pool = np.array([x for r in rewards for x in r])
+    if len(pool) <= 1:
+      continue
+    std = pool.std(ddof=1)
+    std = 1.0 if std < 1e-6 else std
+    for i, (r, steps) in enumerate(zip(rewards, spans)):
+      z = (np.array(r) - pool.mean()) / (std + 1e-6)
+      for k, (s0, s1) in enumerate(steps):
+        out[b, i, s0:s1] = z[k:].sum()
+  return out
 
 
 @settings(max_examples=12, deadline=None)
 @given(answer_groups(), st.booleans())
-def test_siop_matches_reference(data, broadcast):
+def test_siop_matches_the_authors_code(data, broadcast):
   tokens, mask, ends, rewards, lp, hs = data
-  got = estimate('siop', _rollouts(*data), static=(('broadcast', broadcast),), coef=0.7)
-  d = (hs - lp).astype(np.float64)
-  out = np.zeros(mask.shape)
-  for b in range(2):
-    answers = ref_answers(tokens[b], mask[b], ends[b])
-    mode = ref_mode(answers)
-    agree = np.array([mode is not None and a == mode for a in answers], np.float32)
-    a = grpo_ref(agree[None])[0]
-    evid = {}
-    for i in range(len(answers)):
-      out[b, i][mask[b, i]] = a[i]
-      for s, e in ref_steps(ends[b, i], mask[b, i]):
-        if not broadcast:
-          out[b, i, s:e] = 0.0
-        evid[(i, s, e)] = d[b, i, s:e].sum()
-    x = np.array(list(evid.values()))
-    if len(x) > 1 and x.max() > x.min():
-      z = (x - x.mean()) / (x.std(ddof=1) + 1e-6)
-      for (i, s, e), zz in zip(evid, z):
-        out[b, i, s:e] += 0.7 * zz
-  np.testing.assert_allclose(got, out, atol=1e-4, rtol=1e-4)
+  got = estimate('siop', _rollouts(*data), static=(('broadcast', broadcast),), lam=0.3)
+  np.testing.assert_allclose(got, ref_siop(tokens, mask, ends, lp, hs, 0.3, broadcast),
+                             atol=1e-4, rtol=1e-4)
   # The task's reward plays no part.
   other = _rollouts(tokens, mask, ends, 1.0 - rewards, lp, hs)
   np.testing.assert_allclose(
-      estimate('siop', other, static=(('broadcast', broadcast),), coef=0.7), got, atol=1e-6)
+      estimate('siop', other, static=(('broadcast', broadcast),), lam=0.3), got, atol=1e-6)
 
 
-def test_self_hindsight_pass_puts_the_modal_answer_after_the_prompt(params):
+def test_self_hindsight_pass_puts_each_responses_own_answer_after_the_prompt(params):
   prompts, info = sample(jax.random.key(1), 2)
   demo, dmask = demonstrations(prompts, info)
-  tokens = jnp.stack([demo, demo, jnp.roll(demo, 1, 0)], 1)  # the mode: the demonstration
+  tokens = jnp.stack([demo, demo, jnp.roll(demo, 1, 0)], 1)  # response 2: the other's demo
   mask = jnp.stack([dmask, dmask, jnp.roll(dmask, 1, 0)], 1)
   gp = jnp.repeat(prompts[:, None], 3, 1)
   ginfo = jax.tree.map(lambda x: jnp.repeat(x[:, None], 3, 1), info)
   ends = step_ends(gp, tokens, mask, ginfo) & mask
-  mode_prompts, mode_plen = hindsight.modal_answer_prompts(prompts, None, tokens, mask, ends,
-                                                          pad_id=TASK.pad_id)
-  got = loop.rows_logprobs(params, mode_prompts, tokens, mask, mode_plen, None, cfg=CFG)
-  hint, n = answer_hint(prompts, info)  # the demonstration's answer
-  wide, plen = hindsight.with_hint(prompts, None, hint, n, TASK.pad_id)
-  want = loop.rows_logprobs(params, wide, tokens, mask, plen, None, cfg=CFG)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+  own, own_len = hindsight.own_answer_prompts(prompts, None, tokens, mask, ends,
+                                              pad_id=TASK.pad_id)
+  hint, n = answer_hint(prompts, info)  # each prompt's gold answer
+  for i, j in np.ndindex(2, 3):
+    k = i if j < 2 else 1 - i  # whose demonstration response (i, j) is
+    wide, plen = hindsight.with_hint(prompts[i:i + 1], None, hint[k:k + 1], n[k:k + 1],
+                                     TASK.pad_id)
+    row = 3 * i + j
+    assert int(own_len[row]) == int(plen[0])
+    np.testing.assert_array_equal(np.asarray(own[row, :wide.shape[1]]), np.asarray(wide[0]))
+    assert np.all(np.asarray(own[row, wide.shape[1]:]) == TASK.pad_id)
+  # The pass scores response (i, j) after row 3i + j alone (rows of groups of one).
+  got = loop.rows_logprobs(params, own, tokens.reshape(6, 1, -1), mask.reshape(6, 1, -1),
+                           own_len, None, cfg=CFG).reshape(2, 3, -1)
+  for i, j in np.ndindex(2, 3):
+    want = loop.rows_logprobs(params, own[3 * i + j][None], tokens[i, j][None, None],
+                              mask[i, j][None, None], own_len[3 * i + j][None], None, cfg=CFG)
+    np.testing.assert_allclose(np.asarray(got[i, j]), np.asarray(want[0, 0]), atol=1e-5)

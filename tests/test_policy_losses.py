@@ -21,7 +21,7 @@ CONFIGS = {
     'rgra': ts.LossConfig(policy_loss='rgra'),
     'apa': ts.LossConfig(policy_loss='apa', apa_coef=0.5),
     'apa_old': ts.LossConfig(policy_loss='apa', apa_coef=2.0, apa_anchor='old'),
-    'em': ts.LossConfig(policy_loss='em', em_alpha=0.7),
+    'em': ts.LossConfig(policy_loss='em', em_alpha=0.7, kl_coef=0.1),  # KL: not in `surrogate`
 }
 
 
@@ -36,8 +36,9 @@ def tiny_case(seed):
   return logp, old, ref, adv, mask
 
 
-def loss_ref(lc, logp, old, ref, adv, mask, w):
-  """sum_{n,t} w pg with the per-token formulas of the module docstring, element by element."""
+def loss_ref(lc, logp, old, ref, adv, mask, w, kl=False):
+  """sum_{n,t} w pg with the per-token formulas of the module docstring, element by element
+  (`kl`: plus kl_coef k3(logp, ref) where the loss has the KL)."""
   total = 0.0
   for n in range(logp.shape[0]):
     for t in range(logp.shape[1]):
@@ -57,6 +58,8 @@ def loss_ref(lc, logp, old, ref, adv, mask, w):
       else:
         weight = lc.em_alpha if a > 0 else (-(1 - lc.em_alpha) if a < 0 else 0.0)
         pg = -weight * lp
+      if kl and lc.kl_loss:
+        pg += lc.kl_coef * (np.exp(ref[n, t] - lp) - 1 - (ref[n, t] - lp))
       total += w[n, t] * pg
   return total
 
@@ -109,7 +112,7 @@ def test_analytic_gradients_and_identities_with_the_clip_loss():
   np.testing.assert_allclose(grad(CONFIGS['apa_old'], old, anchor=old), at_old, rtol=1e-5,
                              atol=1e-7)
   np.testing.assert_allclose(grad(CONFIGS['apa'], ref), -adv * w, rtol=1e-5, atol=1e-7)
-  half = ts.LossConfig(policy_loss='em', em_alpha=0.5)
+  half = ts.LossConfig(policy_loss='em', em_alpha=0.5, kl_coef=0.1)
   sign_adv = np.sign(adv) / 2
   np.testing.assert_allclose(
       jax.grad(jax_loss, argnums=1)(half, jnp.asarray(logp, jnp.float32), old, ref, adv, mask, w),
@@ -162,10 +165,10 @@ def test_policy_loss_with_the_model():
   w = ts.token_weights(batch.mask, 'token-mean')
   logp, out = losses(params, batch, w)
   for name, (loss, aux) in zip(names, out):
-    want = loss_ref(CONFIGS[name], np.asarray(logp, np.float64), np.asarray(batch.old_logprobs),
-                    np.asarray(batch.ref_logprobs), adv, mask, np.asarray(w))
-    assert float(loss) == pytest.approx(want, rel=1e-4, abs=1e-5), name
-    assert float(aux['pg_loss']) == pytest.approx(want, rel=1e-4, abs=1e-5), name
+    args = (CONFIGS[name], np.asarray(logp, np.float64), np.asarray(batch.old_logprobs),
+            np.asarray(batch.ref_logprobs), adv, mask, np.asarray(w))
+    assert float(loss) == pytest.approx(loss_ref(*args, kl=True), rel=1e-4, abs=1e-5), name
+    assert float(aux['pg_loss']) == pytest.approx(loss_ref(*args), rel=1e-4, abs=1e-5), name
   f32 = lambda x: jnp.asarray(x, jnp.float32)
   with pytest.raises(ValueError, match='ref_logprobs'):
     ts.surrogate(CONFIGS['apa'], logp, batch.old_logprobs, f32(adv), batch.mask, None)
@@ -182,7 +185,11 @@ def test_bad_loss_settings_name_the_field():
       ts.LossConfig(**kw)
   assert ts.LossConfig(policy_loss='apa').needs_ref
   assert not ts.LossConfig(policy_loss='apa', apa_anchor='old').needs_ref
-  assert ts.LossConfig(kl_coef=0.1).needs_ref and not ts.LossConfig(policy_loss='em').needs_ref
+  assert ts.LossConfig(kl_coef=0.1).needs_ref
+  assert not ts.LossConfig(policy_loss='em', em_alpha=1.0).needs_ref
+  for kw in (dict(), dict(kl_coef=0.1, kl_in_reward=True)):  # no KL in the loss
+    with pytest.raises(ValueError, match='em_alpha=0.5 < 1 needs the KL'):
+      ts.LossConfig(policy_loss='em', **kw)
 
 
 def test_the_run_config_carries_the_loss_fields_with_their_defaults():

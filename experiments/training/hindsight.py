@@ -1,7 +1,7 @@
 """The hindsight context of `credit.Rollouts.hindsight_logprobs` (PBSD #164, HCAPO #9): the
 prompt followed by the task's gold answer, so one teacher-forced pass scores the responses
 under a privileged, answer-conditioned teacher (the same policy, the answer in context); for
-SIOP (#75) each group's modal answer instead (`modal_answer_prompts`). `hinted_demonstrations`:
+SIOP (#75) each response's own answer instead (`own_answer_prompts`). `hinted_demonstrations`:
 a warm start's demonstrations with the answer after some of their prompts
 (`sft.hindsight_frac`).
 
@@ -58,11 +58,16 @@ def hindsight_prompts(prompts, prompt_len, info, *, task):
 
 
 @functools.partial(jax.jit, static_argnames=('pad_id',))
-def modal_answer_prompts(prompts, prompt_len, tokens, mask, step_ends, *, pad_id: int):
-  """(prompts, prompt_len) with each group's most frequent final answer after its prompt
-  (`credit.hindsight.modal_answer`; none in a group without answers): SIOP's pass."""
-  answer, length, _ = credit.hindsight.modal_answer(tokens, mask, step_ends)
-  return with_hint(prompts, prompt_len, jnp.where(answer < 0, pad_id, answer), length, pad_id)
+def own_answer_prompts(prompts, prompt_len, tokens, mask, step_ends, *, pad_id: int):
+  """(prompts [B·G, P + L], prompt_len [B·G]): row i·G + j is prompt i followed by response
+  (i, j)'s own final answer (`credit.hindsight.final_answers`; none for a response without
+  one) for responses tokens/mask/step_ends [B, G, L]: SIOP's pass."""
+  b, g, l = tokens.shape
+  answer, length, _ = credit.hindsight.final_answers(tokens, mask, step_ends)
+  rows = lambda x: None if x is None else jnp.repeat(jnp.asarray(x), g, axis=0)
+  plen = None if prompt_len is None else rows(prompt_len)
+  return with_hint(rows(prompts), plen, jnp.where(answer < 0, pad_id, answer).reshape(b * g, l),
+                   length.reshape(b * g), pad_id)
 
 
 @functools.partial(jax.jit, static_argnames=('task', 'n', 'frac'))

@@ -42,7 +42,8 @@ Policy loss (per token, r = exp(logp - old_logp), A the advantage), `LossConfig.
   (lam / 2 times the paper's loss: the same minimiser, and gradient -A at logp = anchor)
   'em' (#156, EM with preferred (A > 0) and dis-preferred (A < 0) samples, alpha = em_alpha):
   pg = -(alpha [A > 0] - (1 - alpha) [A < 0]) logp   (the dis-preferred term is unbounded
-  below: the paper pairs it with a KL to the reference, kl_coef > 0 here)
+  below: the paper pairs it with a KL to the reference, so alpha < 1 needs kl_coef > 0;
+  with k3 a dis-preferred token's loss is least at logp = ref - log(1 + (1 - alpha) / kl_coef))
   l  = pg + kl_coef * KL_k(logp, ref_logp) - entropy_coef * H
 KL in the loss needs `ref_logprobs`; `kl_in_reward` (the loop's job) instead
 subtracts kl_coef * sum_t k1(old, ref) from each response's reward before credit.
@@ -133,6 +134,11 @@ class LossConfig:
       raise ValueError(f'unknown apa_anchor {self.apa_anchor!r}; valid: {", ".join(APA_ANCHORS)}')
     if not 0.0 <= self.em_alpha <= 1.0:
       raise ValueError(f'em_alpha must be in [0, 1], got {self.em_alpha}')
+    if self.policy_loss == 'em' and self.em_alpha < 1.0 and not self.kl_loss:
+      raise ValueError(
+          f"policy_loss='em' with em_alpha={self.em_alpha} < 1 needs the KL to the reference "
+          f"in the loss (kl_coef > 0, kl_in_reward=False): the dis-preferred term "
+          f"-(1 - em_alpha) log pi is unbounded below without it (#156 regularises it so)")
     if self.kl_estimator not in ('k1', 'k2', 'k3'):
       raise ValueError(f'unknown KL estimator {self.kl_estimator!r}; valid: k1, k2, k3')
     if self.dual_clip and self.dual_clip <= 1.0:

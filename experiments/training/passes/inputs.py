@@ -154,15 +154,19 @@ class StepProbes(Pass):
 
 
 class SelfHindsight(Pass):
-  """SIOP: the hindsight pass with each group's modal answer (after the step ends)."""
+  """SIOP: the hindsight pass with each response's own answer after its prompt (one row per
+  response: B·G prompts of one response each)."""
   provides = ('self_hindsight',)
 
   def credit_inputs(self, run, carry, s):
     t = time.perf_counter()
-    s.extra['hindsight_logprobs'] = _teacher_forced(
-        run, carry, s, *hindsight_lib.modal_answer_prompts(
-            s.prompts, s.plen, s.samples.tokens, s.samples.mask, s.process[1],
-            pad_id=run.problem.pad_id))
+    tokens, mask = s.samples.tokens, s.samples.mask
+    b, g, l = tokens.shape
+    prompts, plen = hindsight_lib.own_answer_prompts(s.prompts, s.plen, tokens, mask,
+                                                     s.process[1], pad_id=run.problem.pad_id)
+    lp = rows_logprobs(carry.state.params, prompts, tokens.reshape(b * g, 1, l),
+                       mask.reshape(b * g, 1, l), plen, None, cfg=run.pcfg, chunks=run.lp_chunks)
+    s.extra['hindsight_logprobs'] = lp.reshape(b, g, l)
     s.times['probe_s'] = time.perf_counter() - t
 
   def row_fields(self, run, carry, s):
