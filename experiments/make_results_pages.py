@@ -197,6 +197,29 @@ def cross_machine(names) -> list:
   return ['## The same seeds on each machine', '', 'Final greedy accuracy:', ''] + table(head, rows)
 
 
+def teacher_section(name: str) -> list:
+  """experiments/hindsight_teacher.py's measurement of the answer-conditioned teacher."""
+  s = load(name)
+  rows = [[what, '{}±{}'.format(f3(s[key]['mean']), f3(s[key]['std']))] for what, key in (
+      ('correct (the demonstration)', 'correct_first_step_evidence'),
+      ('a wrong total digit', 'wrong_digit_first_step_evidence'))]
+  return ['## PBSD\'s teacher', '', f'From `docs/results/{name}` (`{s["command"]}`).', '',
+          f'The first column step\'s evidence (nats, mean ± std over {s["prompts"]} '
+          f'demonstrations of `{s["task"]}`) on the warm start (greedy accuracy '
+          f'{f3(s["sft_greedy_acc"])}): the summed log-probability the step gains when the '
+          'gold answer follows the prompt. A teacher that uses the answer scores the correct '
+          f'step higher; here the correct step is higher for {pct(s["fraction_correct_step_higher"])} '
+          'of the demonstrations.', ''] + table(['first step', 'evidence'], rows) + [
+              '', '## SIOP\'s start', '',
+              f'On the hinted warm start of `configs/hindsight.py` (greedy accuracy '
+              f'{f3(s["siop_start"]["sft_greedy_acc"])}), {s["siop_start"]["prompts"]} prompts '
+              f'with {s["siop_start"]["group_size"]} samples each at temperature 1, as SIOP trains: '
+              f'{pct(s["siop_start"]["fraction_correct"])} of the responses are correct, and the '
+              f'largest answer cluster (ties: any of the largest) holds a correct response in '
+              f'{pct(s["siop_start"]["fraction_modal_correct"])} of the groups. SIOP reads no '
+              'reward: in the other groups its target is a wrong answer.']
+
+
 # Credit accuracy against exact advantages (experiments/credit_quality.py).
 
 def quality_table(summary, metric: str, fmt) -> list:
@@ -222,6 +245,16 @@ def quality_page(name: str) -> list:
 
 
 PROSE = {
+    'collapses': """\
+The measurements behind [six collapses: the reading or the scale](../collapses.md). EM with
+dis-preferred samples rerun with the KL to the reference that its paper regularises it with
+(`python -m experiments.policy_losses --config=configs/policy_losses.py:em`: `em_alpha=0.5`,
+`kl_coef=0.1` with `k3`, for both methods), and SIOP rerun as its authors' code computes it
+(`python -m experiments.hindsight --config.methods=grpo:iid,siop:iid`: the hinted warm start
+of `configs/hindsight.py`, GRPO from the same start). Both collapsed to no correct answers
+before (the [lab log](../lab-log.md), runs of earlier commits): EM no longer does, SIOP still
+does. Then PBSD's teacher on the main job's warm start, and SIOP's signal on its own. The
+reruns shared the cores with other jobs: their wall times compare only with each other.""",
     'main_job': """\
 `python -m experiments.tempo` with its defaults: `grpo:iid` and `tempo:iid` trained from the same
 SFT warm start on `scratch_add` with the same rollout budget, and TEMPO − GRPO paired over seeds.
@@ -251,6 +284,7 @@ default because it is closer to the exact advantages.""",
 
 TITLES = {
     'main_job': 'The main job: GRPO vs TEMPO on `scratch_add`',
+    'collapses': 'Six collapses: the reruns and the teacher',
     'spo_chain_scratch_add': 'SPO-chain after the fix, on `scratch_add`',
     'credit_quality_treerl_variants': 'Credit accuracy: TreeRL, the paper against the code',
 }
@@ -264,6 +298,10 @@ def page_lines(page: str) -> list:
     return body + [''] + sum((compare_section(n) for n in names), [])
   if page == 'spo_chain_scratch_add':
     return compare_section('spo_chain_scratch_add.json', 'The runs')
+  if page == 'collapses':
+    return (compare_section('policy_losses_em.json', 'EM with its KL')
+            + compare_section('hindsight_siop.json', "SIOP as its authors' code")
+            + teacher_section('hindsight_teacher.json'))
   return quality_page(page + '.json')
 
 
@@ -288,6 +326,8 @@ def sources(page_name: str) -> list:
   """The stored summaries a page reads, relative to docs/results."""
   if page_name == 'main_job':
     return main_job_files() + ['main_job_grpo_at_aab4ae0.json']
+  if page_name == 'collapses':
+    return ['policy_losses_em.json', 'hindsight_siop.json', 'hindsight_teacher.json']
   return [page_name + '.json']
 
 
