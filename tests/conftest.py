@@ -50,3 +50,25 @@ def _free_compiled_programs():
 def pytest_unconfigure(config):
   if _OWN_CACHE:
     shutil.rmtree(os.environ.pop("JAX_COMPILATION_CACHE_DIR"), ignore_errors=True)
+
+
+@pytest.fixture
+def final_plots_only(monkeypatch):
+  """A comparison rewrites summary.json and its plots after every run; with this fixture only
+  its final report draws plots (matplotlib: about a second of CPU a report, most of a quick
+  report's time). The partial reports still write their summaries (tested: test_tracking),
+  and plot_runs reads only the rows' common fields, which the final report plots for every
+  method."""
+  import contextlib
+  import inspect
+  from unittest import mock
+  from experiments.training import compare
+  real = compare._report
+
+  def report(*args, **kwargs):
+    partial = inspect.signature(real).bind(*args, **kwargs).arguments['done'] is not None
+    with (mock.patch.object(compare.plots, 'plot_runs', lambda *a, **k: []) if partial
+          else contextlib.nullcontext()):
+      return real(*args, **kwargs)
+
+  monkeypatch.setattr(compare, '_report', report)

@@ -22,6 +22,7 @@ from experiments.rollouts import agent_rollouts
 from experiments.training import compare, loop
 from experiments.rollouts import agent_sampling as ags
 from experiments.models import decoder
+from experiments.training import train_step as ts
 from test_agent_sampling import tiny_policy
 
 MDP = exact_mdp.ExactMDP(max_turns=4)
@@ -35,11 +36,43 @@ def mdp_policy():
   return tiny_policy(MDP, range(s), range(s, s + a))
 
 
+# The household tests sample as the quick agents loop below samples (its problem's policy
+# config and start states, params placed as the loop places them, a raw key, the same
+# static arguments): the end-to-end comparison then reuses their compiled samplers (its
+# training and pass@k episodes: sample_episodes [4, 4]; tree_turns: fork_episodes [4, 2 x 2]
+# forked at turn 1) instead of compiling each twice.
+HOUSE_KEY = jax.random.PRNGKey(3)
+
+
 @pytest.fixture(scope="module")
-def house_policy():
+def house_problem():
+  problem = agent_rollouts.AgentProblem(quick_agents_cfg('grpo:iid'))
+  assert problem.env == HOUSE and problem.num_turns == HOUSE.max_turns
+  return problem
+
+
+@pytest.fixture(scope="module")
+def house_policy(house_problem):
   pcfg = decoder.PolicyConfig(vocab_size=HOUSE.vocab_size, d_model=32, num_layers=1,
                               num_heads=2, d_ff=64, max_len=ags.sequence_length(HOUSE))
-  return decoder.init_params(jax.random.PRNGKey(1), pcfg), pcfg
+  assert house_problem.pcfg == pcfg
+  params = decoder.init_params(jax.random.PRNGKey(1), pcfg)
+  return jax.device_put(params, ts.param_sharding(params, ts.make_mesh(1))), pcfg
+
+
+@pytest.fixture(scope="module")
+def house_draw(house_problem):
+  """The loop's draw of 4 start states: (state, obs, obs_mask) for the samplers' `start`."""
+  return house_problem.draw(jax.random.fold_in(HOUSE_KEY, 0), 0, 4).handle
+
+
+@pytest.fixture(scope="module")
+def house_episodes(house_policy, house_draw):
+  """G = 4 i.i.d. trajectories from each of the 4 start states (test_packed_logprobs',
+  test_answer_probes' and test_solver_values' episodes)."""
+  params, pcfg = house_policy
+  return ags.sample_episodes(params, pcfg, HOUSE, HOUSE_KEY, 4, 4, 1.0,
+                             num_turns=HOUSE.max_turns, start=house_draw, vocab=None)
 
 
 # The tests' own calls of environment functions, jitted (one program each; op by op every
@@ -131,9 +164,9 @@ def test_tree_grpo_over_turns_matches_the_reference(mdp_policy):
       taken & (np.arange(k) < np.asarray(s.fork_turn)[..., None]))
 
 
-def test_packed_logprobs_of_trajectories_equal_flat_rows(house_policy):
+def test_packed_logprobs_of_trajectories_equal_flat_rows(house_policy, house_episodes):
   params, pcfg = house_policy
-  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 4)
+  ep = house_episodes
   prompts, s = agent_rollouts.split_prompt(ep, HOUSE)
   cfg = agents_config.get_config()
   packed = loop.pack_groups(cfg.train, prompts, s)
@@ -146,13 +179,15 @@ def test_packed_logprobs_of_trajectories_equal_flat_rows(house_policy):
 
 # 'paths' (slow): its packed log-probs and gradients equal flat rows in test_block_attention.
 @pytest.mark.parametrize('attention', [pytest.param('paths', marks=pytest.mark.slow), 'blocks'])
-def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy, attention):
-  """Issue 21 item 5: forked multi-turn groups (shared turns before the fork, actions
+def test_packed_update_of_forked_trajectories_equals_flat_rows(house_policy, house_draw,
+                                                              attention):
+  """Issue 21 item 5: forked multi-turn groups (a shared turn before the fork, actions
   and observations interleaved, the loss on policy tokens only) through the packed
   update step: loss, metrics, gradients and updated params equal the flat rows'."""
-  from experiments.training import train_step as ts
   params, pcfg = house_policy
-  ep = ags.fork_episodes(params, pcfg, HOUSE, KEY, 2, 2, 2, 2)
+  # The quick loop's tree_turns sampling (2 chains x 2, forked at turn 1: its program).
+  ep = ags.fork_episodes(params, pcfg, HOUSE, HOUSE_KEY, 4, 2, 2, 1, 1.0,
+                         num_turns=HOUSE.max_turns, start=house_draw, vocab=None)
   prompts, s = agent_rollouts.split_prompt(ep, HOUSE)
   tcfg = agents_config.get_config().train
   tcfg.pack_attention = attention
@@ -243,10 +278,11 @@ def test_igpo_matches_the_reference_and_is_grpo_with_one_turn():
     agents.igpo(one.replace(answer_logprobs=None))
 
 
-def test_answer_probes_equal_teacher_forcing_of_the_answer(house_policy):
+def test_answer_probes_equal_teacher_forcing_of_the_answer(house_policy, house_draw,
+                                                           house_episodes):
   params, pcfg = house_policy
-  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 4)  # test_packed_logprobs' episodes
-  state = _reset(HOUSE, jax.random.fold_in(KEY, 0), 2)[0]
+  ep = house_episodes  # test_packed_logprobs' episodes
+  state = house_draw[0]  # their start states
   answer, amask = _env_fn(HOUSE, 'answer', state)
   answer, amask = (jnp.repeat(x[:, None], 4, 1) for x in (answer, amask))
   got = np.asarray(ags.answer_logprobs(params, pcfg, HOUSE, ep.tokens, answer, amask))
@@ -444,11 +480,10 @@ def test_smollm2_plays_household_through_its_own_tokens():
     agent_rollouts.lm_vocab_map(env, tokenizer, {'mug': 'mugmugmugx'})
 
 
-def test_solver_values_bootstrap_trajectories_cut_by_the_turn_limit(house_policy):
+def test_solver_values_bootstrap_trajectories_cut_by_the_turn_limit(house_episodes):
   """A trajectory that runs out of turns is truncated, not failed: its last value is the
   solver value of where it stopped (no cliff on the turn the deadline became infeasible)."""
-  params, pcfg = house_policy
-  ep = ags.sample_episodes(params, pcfg, HOUSE, KEY, 2, 4)  # test_packed_logprobs' episodes
+  ep = house_episodes  # test_packed_logprobs' episodes
   cut = ~np.asarray(ep.success) & (np.asarray(ep.lengths) == HOUSE.max_turns)
   assert cut.any()
   values = np.asarray(ags.solver_values(ep, HOUSE, 0.9))

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from experiments.models import decoder
-from experiments.training import train_step as ts
 from trees import packing
 from test_packing import groups as packing_groups  # noqa: E402 (tests/ is on sys.path)
 
@@ -164,26 +163,9 @@ def test_pair_bucket_and_default_block():
   assert {packing.default_block(t, 'tpu') for t in (8, 9000)} == {128}
 
 
-def test_train_step_with_blocks_equals_flat_under_microbatches():
-  """Micro-batches slice the packing by group: the static pair bound carries over."""
-  prompts, tok, mask, plen = groups(3)
-  rng = np.random.default_rng(0)
-  adv = (rng.normal(size=(B, G, 1)) * np.ones((1, 1, L))).astype(np.float32)
-  old = (-2.0 + 0.3 * rng.normal(size=(B, G, L))).astype(np.float32)
-  m = jnp.asarray(mask)
-  pk = packing.pack(prompts, tok, mask, plen, pack_len=T, attention='blocks', block=4)
-  lc = ts.LossConfig(kl_coef=0.0, num_microbatches=3)
-  out = []
-  for p in (None, pk):
-    batch = ts.batch_from_samples(jnp.asarray(prompts), jnp.asarray(tok), m,
-                                  jnp.where(m, adv, 0.0), jnp.where(m, old, 0.0), None,
-                                  jnp.asarray(plen), p)
-    state = ts.init_state(jax.tree.map(jnp.copy, PARAMS), ts.make_optimizer(1e-2, 0))
-    state, metrics = ts.train_step_jit(state, batch, cfg=CFG, loss_cfg=lc)
-    out.append((metrics, state.params))
-  np.testing.assert_allclose(out[1][0]['loss'], out[0][0]['loss'], rtol=1e-5, atol=1e-6)
-  for a, b in zip(jax.tree.leaves(out[1][1]), jax.tree.leaves(out[0][1])):
-    np.testing.assert_allclose(a, b, atol=2e-5)
+# The train step with 'blocks' under micro-batches (they slice the packing by group; the
+# static pair bound carries over): test_packing.test_train_step_equals_flat_with_microbatches
+# [blocks], on that module's one flat step.
 
 
 @pytest.mark.parametrize('p,g,l,block,extra', [(5, 4, 6, 2, 0), (3, 3, 7, 4, 5), (8, 2, 3, 4, 0),

@@ -2,11 +2,8 @@
 in quick mode: every method of each family trains from the shared SFT start on the same first batch as GRPO, and its credit
 (or loss) actually changes the update."""
 
-import contextlib
 import importlib
-import inspect
 import math
-from unittest import mock
 
 import pytest
 
@@ -62,24 +59,6 @@ STARTS_ELSEWHERE = {'intervention:iid': 'intervention_rows'}
 def workdir(tmp_path_factory):
   # One workdir for every family: the SFT start and the GRPO baseline run once.
   return tmp_path_factory.mktemp('families')
-
-
-@pytest.fixture
-def final_plots_only(monkeypatch):
-  """The comparison rewrites summary.json and its plots after every run; here only the
-  final report of each family draws its plots (matplotlib: about a second of CPU a report,
-  most of the reports' time). The partial reports still write their summaries (tested:
-  test_tracking), and plot_runs reads only the rows' common fields (step, reward,
-  greedy_acc, wall_s, generated tokens), which the final report plots for every method."""
-  real = compare._report
-
-  def report(*args, **kwargs):
-    partial = inspect.signature(real).bind(*args, **kwargs).arguments['done'] is not None
-    with (mock.patch.object(compare.plots, 'plot_runs', lambda *a, **k: []) if partial
-          else contextlib.nullcontext()):
-      return real(*args, **kwargs)
-
-  monkeypatch.setattr(compare, '_report', report)
 
 
 @pytest.mark.parametrize('family', FAMILIES)

@@ -46,22 +46,28 @@ def strip(rows):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
+# Seeds 0 and 3: on this config their runs' packed trees fit the same pack-length buckets
+# (seed 1's first step needs a shorter one), so seed 3's runs compile no update of their
+# own (each bucket is a train-step program); any two seeds make the same checks.
+SEEDS = (0, 3)
+
+
 def test_quick_comparison_writes_metrics_plots_checkpoints_and_paired_intervals(
-    tmp_path, offline_wandb):
+    tmp_path, offline_wandb, final_plots_only):
   """The main job's script on 3 methods x 2 seeds (one SFT start, programs shared across the
   runs): every sink, checkpoint and plot; generated tokens in the rows (forks' copied
   prefixes excluded), accuracy at matched generated tokens, paired intervals vs GRPO on the
   method's own sampler."""
   cfg = quick_cfg(default_task=True)
   cfg.log.sinks = 'jsonl,tensorboard,wandb'  # not fingerprinted: the same runs as without
-  cfg.seeds, cfg.methods = (0, 1), 'grpo:iid,grpo:tree_entropy,tempo:tree_entropy'
+  cfg.seeds, cfg.methods = SEEDS, 'grpo:iid,grpo:tree_entropy,tempo:tree_entropy'
   cfg.rl.steps, cfg.eval.num_prompts = 2, 16
   summary = tempo_script.run_experiment(cfg, str(tmp_path))
   methods = ('grpo:iid', 'grpo:tree_entropy', 'tempo:tree_entropy')
   assert tuple(summary['methods']) == methods
   ends = {}
   for m in methods:
-    for seed in (0, 1):
+    for seed in SEEDS:
       d = tmp_path / m.replace(':', '_') / f'seed{seed}'
       rows = loop.read_metrics(d / 'metrics.jsonl')
       assert [r['step'] for r in rows] == list(range(cfg.rl.steps + 1))
@@ -94,12 +100,13 @@ def test_quick_comparison_writes_metrics_plots_checkpoints_and_paired_intervals(
   assert {m: e['baseline'] for m, e in paired.items()} == {
       'grpo:tree_entropy': 'grpo:iid', 'tempo:tree_entropy': 'grpo:tree_entropy'}
   e = paired['tempo:tree_entropy']
-  assert e['seeds'] == [0, 1] and e['budget_generated_tokens'] == min(
-      ends[m, s] for m in ('grpo:tree_entropy', 'tempo:tree_entropy') for s in (0, 1))
+  assert e['seeds'] == list(SEEDS) and e['budget_generated_tokens'] == min(
+      ends[m, s] for m in ('grpo:tree_entropy', 'tempo:tree_entropy') for s in SEEDS)
   for key in ('final_acc', 'acc_at_budget'):
     for how in ('t', 'bootstrap'):
       st = e[key][how]
       assert st['n'] == 2 and st['method'] == how and st['lo'] <= st['mean'] <= st['hi']
+  assert len(saved['plots']) == 3  # the final report's (the partial ones drew none here)
   for f in ('curves_vs_step.png', 'curves_vs_wall.png', 'curves_vs_generated_tokens.png'):
     assert (tmp_path / f).stat().st_size > 0
   table = tempo_script.format_table(saved, cfg.eval.pass_k)
@@ -308,7 +315,7 @@ def test_baseline_is_grpo_on_the_methods_own_sampler():
   assert compare.baseline_for('tempo:iid', ['tempo:iid'], 'grpo:iid') is None
 
 
-def test_lr_grid_layout_and_best_of_grid(tmp_path, monkeypatch):
+def test_lr_grid_layout_and_best_of_grid(tmp_path, monkeypatch, final_plots_only):
   """lr sweep bookkeeping with a stand-in for loop.sft / loop.train (no training)."""
   from experiments.training import compare
   cfg = quick_cfg()
@@ -351,12 +358,22 @@ def test_process_rewards_reach_pure_through_the_loop(tmp_path):
   cfg = quick_cfg()
   cfg.rl.steps, cfg.rl.ckpt_every, cfg.eval.every = 1, 1, 1
   cfg.credit.name = 'pure'
+  # Refused while checking the config, before any work: the params' shapes are enough
+  # (decoder.init_params's, not computed).
+  dummy = jax.numpy.zeros((1, 1), jax.numpy.int32)
+  shapes = jax.eval_shape(decoder.model(loop.policy_config(cfg, loop.build_task(cfg))).init,
+                          jax.random.PRNGKey(0), dummy, dummy)['params']
   with pytest.raises(ValueError, match='process rewards.*addition'):
-    loop.train(cfg, str(tmp_path / 'bad'), init_params(cfg), method='pure:iid')
+    loop.train(cfg, str(tmp_path / 'bad'), shapes, method='pure:iid')
   cfg.task.name, cfg.task.kwargs = 'scratch_add', {'num_digits': 2}
   task = loop.build_task(cfg)
-  prompts, info = task.sample(jax.random.PRNGKey(0), 2)
-  demo, mask = task.demonstrations(prompts, info)
+
+  @jax.jit  # one program (op by op, the demonstrations compile ~100 small ones)
+  def demos(key):
+    prompts, info = task.sample(key, 2)
+    return (prompts, info, *task.demonstrations(prompts, info))
+
+  prompts, info, demo, mask = demos(jax.random.PRNGKey(0))
   tokens = np.stack([demo, demo], 1)  # [2, G=2, R]: row 1 of group 0 gets a wrong first sum
   tokens[0, 1, 2] = (tokens[0, 1, 2] + 1) % 10
   tokens, mask = jax.numpy.asarray(tokens), jax.numpy.stack([mask, mask], 1)

@@ -24,9 +24,13 @@ LC_MICRO = dataclasses.replace(LC, num_microbatches=2)
 
 
 @pytest.fixture(scope='module')
-def lora_params():
-  base = decoder.init_params(jax.random.PRNGKey(0), BASE)
-  params = decoder.add_lora(jax.random.PRNGKey(1), base, CFG)
+def base_params():
+  return decoder.init_params(jax.random.PRNGKey(0), BASE)
+
+
+@pytest.fixture(scope='module')
+def lora_params(base_params):
+  params = decoder.add_lora(jax.random.PRNGKey(1), base_params, CFG)
   # Non-zero B factors, so that the adapters' gradients involve both factors.
   return jax.tree_util.tree_map_with_path(
       lambda p, x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape)
@@ -50,6 +54,13 @@ def copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
+def placed(state):
+  """The state committed to the device, as `loop.restore_checkpoint` returns one: the
+  train steps here and the resumed one in test_lora_resume_is_exact run one program
+  (uncommitted arrays would compile another)."""
+  return jax.device_put(state, jax.devices()[0])
+
+
 def masked_reference_tx(lr):
   """The former lora_only optimizer: full gradients, frozen leaves' updates zeroed."""
   inner = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
@@ -58,7 +69,7 @@ def masked_reference_tx(lr):
   return optax.multi_transform({'train': inner, 'freeze': optax.set_to_zero()}, labels)
 
 
-def test_split_and_merge_adapters(lora_params):
+def test_split_and_merge_adapters(lora_params, base_params):
   adapters = ts.split_adapters(lora_params)
   names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(adapters)]
   assert len(names) == 14 and all('lora' in n for n in names)
@@ -70,10 +81,9 @@ def test_split_and_merge_adapters(lora_params):
   for (p, x), y in zip(jax.tree_util.tree_leaves_with_path(doubled),
                        jax.tree.leaves(lora_params)):
     np.testing.assert_array_equal(x, 2 * y if decoder.is_lora(p) else y)
-  assert ts.split_adapters(decoder.init_params(jax.random.PRNGKey(0), BASE)) == {}
+  assert ts.split_adapters(base_params) == {}
   with pytest.raises(ValueError, match='no LoRA adapter leaves'):
-    ts.init_state(decoder.init_params(jax.random.PRNGKey(0), BASE),
-                  ts.make_optimizer(1e-3, lora_only=True))
+    ts.init_state(base_params, ts.make_optimizer(1e-3, lora_only=True))
   with pytest.raises(ValueError, match='adapters not in params'):
     ts.with_adapters(lora_params, {'blocks': {'zz': {'kernel_lora_a': jnp.zeros(1)}}})
 
@@ -91,8 +101,8 @@ def test_optimizer_state_covers_adapters_only(lora_params):
 def test_adapter_step_equals_masked_full_gradient_step(lora_params, batch, loss_cfg):
   """Same updates as differentiating everything and zeroing the frozen leaves' updates;
   the frozen leaves stay bit-identical."""
-  new = ts.init_state(copy(lora_params), ts.make_optimizer(1e-2, lora_only=True))
-  ref = ts.init_state(copy(lora_params), masked_reference_tx(1e-2))
+  new = placed(ts.init_state(copy(lora_params), ts.make_optimizer(1e-2, lora_only=True)))
+  ref = placed(ts.init_state(copy(lora_params), masked_reference_tx(1e-2)))
   for _ in range(2):
     new, m_new = ts.train_step_jit(new, batch, cfg=CFG, loss_cfg=loss_cfg)
     ref, m_ref = ts.train_step_jit(ref, batch, cfg=CFG, loss_cfg=loss_cfg)
@@ -113,9 +123,10 @@ def test_adapter_step_equals_masked_full_gradient_step(lora_params, batch, loss_
 def test_adapter_gradients_equal_full_gradients_restricted(lora_params, batch):
   w = ts.token_weights(batch.mask, 'token-mean')
   loss = lambda params: ts.policy_loss(params, CFG, LC, batch, (w, w))[0]
-  full = jax.jit(jax.grad(loss))(lora_params)
-  only = jax.jit(jax.grad(lambda a: loss(ts.with_adapters(lora_params, a))))(
-      ts.split_adapters(lora_params))
+  # Both gradients in one program (one compile): d/d(all leaves), and d/d(adapters) with
+  # the frozen leaves taken as they are.
+  full, only = jax.jit(lambda p: (jax.grad(loss)(p), jax.grad(
+      lambda a: loss(ts.with_adapters(p, a)))(ts.split_adapters(p))))(lora_params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8),
                only, ts.split_adapters(full))
 
@@ -135,9 +146,10 @@ def _flops(state, batch):
 def test_frozen_weights_get_no_gradient_computation(lora_params, batch):
   """The compiled LoRA step does ~2/3 of full fine-tuning's FLOPs (forward + input
   gradients, no weight gradients of the frozen matmuls, no Adam over the base)."""
-  lora = _flops(ts.init_state(lora_params, ts.make_optimizer(1e-2, lora_only=True)), batch)
-  masked = _flops(ts.init_state(lora_params, masked_reference_tx(1e-2)), batch)
-  full = _flops(ts.init_state(lora_params, ts.make_optimizer(1e-2)), batch)
+  lora = _flops(placed(ts.init_state(lora_params, ts.make_optimizer(1e-2, lora_only=True))),
+                batch)
+  masked = _flops(placed(ts.init_state(lora_params, masked_reference_tx(1e-2))), batch)
+  full = _flops(placed(ts.init_state(lora_params, ts.make_optimizer(1e-2))), batch)
   assert lora < 0.75 * full, (lora, full)
   assert lora < 0.75 * masked, (lora, masked)
 
@@ -200,11 +212,11 @@ def test_lora_resume_is_exact(lora_params, batch, tmp_path):
   """Two train steps straight == one, orbax checkpoint, restore, one more (bitwise)."""
   from experiments.training import loop
   tx = ts.make_optimizer(1e-2, lora_only=True)
-  straight = ts.init_state(copy(lora_params), tx, seed=3)
+  straight = placed(ts.init_state(copy(lora_params), tx, seed=3))
   for _ in range(2):
     straight, _ = ts.train_step_jit(straight, batch, cfg=CFG, loss_cfg=LC)
-  first, _ = ts.train_step_jit(ts.init_state(copy(lora_params), tx, seed=3), batch, cfg=CFG,
-                               loss_cfg=LC)
+  first, _ = ts.train_step_jit(placed(ts.init_state(copy(lora_params), tx, seed=3)), batch,
+                               cfg=CFG, loss_cfg=LC)
   mngr = loop._manager(str(tmp_path / 'ckpt'))
   loop.save_checkpoint(mngr, 1, first, dict(fingerprint='fp', config={}))
   template = ts.init_state(copy(lora_params), tx, seed=0)

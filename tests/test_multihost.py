@@ -34,8 +34,11 @@ def quick_cfg(steps: int):
   cfg.task.name, cfg.task.kwargs = 'token_tree', dict(num_symbols=2, depth=1, num_decisive=1)
   cfg.loss.entropy_coef = 0.01
   cfg.sampler.group_size = 8
-  cfg.rl.update(steps=steps, ckpt_every=2, prompts_per_step=16)
-  cfg.eval.update(every=2, num_prompts=16)
+  # A checkpoint and an eval every step: a 2-step run stopped at step 1 crosses a checkpoint.
+  cfg.rl.update(steps=steps, ckpt_every=1, prompts_per_step=16)
+  # pass@k's sampling of the same shape as the greedy one (1 sample of each of the 16
+  # prompts; the temperature is traced): both run one compiled sampler.
+  cfg.eval.update(every=1, num_prompts=16, pass_prompts=16, pass_k=1)
   return cfg
 
 
@@ -48,10 +51,10 @@ def drive(runs: str):
   from experiments.training import train_step as ts
   ts.maybe_initialize_distributed()
   import jax
-  from experiments.training import loop
+  from experiments.training import loop, run_context
   if os.environ.get('STALL'):
     victim, at = map(int, os.environ['STALL'].split(':'))
-    save = loop.save_checkpoint
+    save = run_context.save_checkpoint  # where the loop's save looks it up
 
     def save_then_stall(mngr, step, *args, **kwargs):
       save(mngr, step, *args, **kwargs)
@@ -60,16 +63,18 @@ def drive(runs: str):
         while True:
           time.sleep(1)
 
-    loop.save_checkpoint = save_then_stall
+    run_context.save_checkpoint = save_then_stall
   from experiments.models import decoder
   assert jax.process_count() == int(os.environ['JAX_NUM_PROCESSES']), jax.process_count()
   assert jax.device_count() == DEVICES, jax.devices()
+  params0 = {}  # by policy config: initialized (compiled) once, not once per run
   for run in runs.split(','):
     workdir, steps = run.rsplit(':', 1)
     cfg = quick_cfg(int(steps))
     pcfg = loop.policy_config(cfg, loop.build_task(cfg))
-    params0 = decoder.init_params(jax.random.PRNGKey(0), pcfg)
-    summary = loop.train(cfg, workdir, params0, method=METHOD)
+    if pcfg not in params0:
+      params0[pcfg] = decoder.init_params(jax.random.PRNGKey(0), pcfg)
+    summary = loop.train(cfg, workdir, params0[pcfg], method=METHOD)
     flat = {jax.tree_util.keystr(p): ts.host_value(x)
             for p, x in jax.tree_util.tree_leaves_with_path(summary['params'])}
     if jax.process_index() == 0:
@@ -124,22 +129,22 @@ def assert_same(a, b):
 
 def test_two_processes_match_one_and_checkpoints_cross(tmp_path):
   d = lambda name: str(tmp_path / name)
-  # 1 process x 4 devices: the reference run, and a run stopped at step 2.
-  launch(1, [d('one:4'), d('one_half:2')], d('jit_cache'))
+  # 1 process x 4 devices: the reference run, and a run stopped at step 1.
+  launch(1, [d('one:2'), d('one_half:1')], d('jit_cache'))
   # 2 processes x 2 devices: the same run; one resuming the 1-process checkpoint at
-  # step 2; one stopped at step 2 (its checkpoint written by both processes).
-  launch(2, [d('two:4'), d('one_half:4'), d('two_half:2')], d('jit_cache'))
+  # step 1; one stopped at step 1 (its checkpoint written by both processes).
+  launch(2, [d('two:2'), d('one_half:2'), d('two_half:1')], d('jit_cache'))
   # 1 process resumes the 2-process checkpoint.
-  launch(1, [d('two_half:4')], d('jit_cache'))
+  launch(1, [d('two_half:2')], d('jit_cache'))
 
   ref = results(d('one'))
-  assert [r['step'] for r in ref[0]] == [0, 1, 2, 3, 4]
+  assert [r['step'] for r in ref[0]] == [0, 1, 2]
   assert all(np.isfinite(r['loss']) and r['loss'] != 0 for r in ref[0][1:])
   assert any(r.get('frac_groups_with_signal', 0) > 0 for r in ref[0])  # credit had signal
   assert_same(results(d('two')), ref)        # 2 processes == 1 process
   assert_same(results(d('one_half')), ref)   # 1-process checkpoint -> 2 processes
   assert_same(results(d('two_half')), ref)   # 2-process checkpoint -> 1 process
-  assert sorted(os.listdir(d('two_half') + '/checkpoints')) == ['2', '4']
+  assert sorted(os.listdir(d('two_half') + '/checkpoints')) == ['1', '2']
 
 
 def start_by_hand(runs: list, cache: str, logs: str, **extra_env):
@@ -318,7 +323,7 @@ def test_killed_process_stops_the_other_and_resume_is_exact(tmp_path):
   ckpt = os.path.abspath(d('run/checkpoints'))
   assert 'process 1 of 2 died' in lines[0] and f'step 2 of {ckpt}' in lines[0], lines[0]
   assert 'Check failure stack trace' not in err and 'Terminating process' not in err, err[-3000:]
-  assert sorted(os.listdir(ckpt)) == ['2']
+  assert sorted(os.listdir(ckpt)) == ['1', '2']  # a checkpoint every step
 
   procs = start_by_hand([d('run:4')], cache, d('resumed'))  # rerun both: resumes at step 2
   codes = [p.wait(timeout=240) for p in procs]

@@ -1,6 +1,7 @@
 """Tree-packed training (trees.packing + the packed forward): exact against the flat batch."""
 
 import dataclasses
+import functools
 import os
 import pickle
 import subprocess
@@ -104,6 +105,13 @@ def test_shared_prefixes_take_fewer_slots_and_identical_responses_one_path():
 
 
 _flat = jax.jit(decoder.token_logprobs, static_argnums=1)
+
+
+@functools.lru_cache(maxsize=None)
+def init_params(seed, cfg):
+  """The module's params per (seed, config), initialized once (each `decoder.init_params`
+  call traces and loads its program again)."""
+  return decoder.init_params(jax.random.PRNGKey(seed), cfg)
 _packed = jax.jit(decoder.packed_token_logprobs, static_argnums=1)
 
 
@@ -116,7 +124,7 @@ CFG_QWEN = dataclasses.replace(CFG, tie_embeddings=True, attn_bias=True, num_kv_
                                          'tied-bias-mqa-tree-mask', 'tied-bias-mqa-prompt-paths'])
 def test_packed_logprobs_equal_flat(cfg, mode, attention):
   prompts, tok, mask, plen = groups(1)
-  params = decoder.init_params(jax.random.PRNGKey(0), cfg)
+  params = init_params(0, cfg)
   flat_lp, flat_ent = _flat(params, cfg, np.repeat(prompts, G, 0), tok.reshape(B * G, L),
                             np.repeat(plen, G))
   pk = packing.pack(prompts, tok, mask, plen, pack_len=P + G * L, mode=mode, attention=attention)
@@ -133,7 +141,7 @@ def test_rows_logprobs_in_parts_equal_one_pass():
   """loop.rows_logprobs(chunks=c) runs the groups in gcd(B, c) parts: same values."""
   from experiments.training import loop
   prompts, tok, mask, plen = groups(3)
-  params = decoder.init_params(jax.random.PRNGKey(1), CFG)
+  params = init_params(1, CFG)
   pk = packing.pack(prompts, tok, mask, plen, pack_len=P + G * L)
   for packed in (None, pk):
     whole = loop.rows_logprobs(params, prompts, tok, mask, plen, packed, cfg=CFG)
@@ -164,7 +172,7 @@ def test_bucket_len():
   assert len(lens) == 8
 
 
-def make_batch(seed, params, pack_mode=None, attention='paths', b=B):
+def make_batch(seed, params, pack_mode=None, attention='paths', b=B, block=0):
   """Flat `Batch` of b * G rows, and the same batch with a packing when pack_mode is set."""
   prompts, tok, mask, plen = groups(seed, b=b)
   rng = np.random.default_rng(seed + 100)
@@ -176,7 +184,7 @@ def make_batch(seed, params, pack_mode=None, attention='paths', b=B):
   pk = None
   if pack_mode:
     pk = packing.pack(prompts, tok, mask, plen, pack_len=packing.required_len(
-        prompts, tok, mask, pack_mode) + 2, mode=pack_mode, attention=attention)
+        prompts, tok, mask, pack_mode) + 2, mode=pack_mode, attention=attention, block=block)
   m = jnp.asarray(mask)
   return ts.batch_from_samples(jnp.asarray(prompts), jnp.asarray(tok), m,
                                jnp.where(m, adv, 0.0), jnp.where(m, old, 0.0).astype(jnp.float32),
@@ -185,7 +193,7 @@ def make_batch(seed, params, pack_mode=None, attention='paths', b=B):
 
 def test_loss_and_grads_equal_flat_every_aggregation():
   """Clip-higher, dual-clip, KL-as-loss and entropy terms on; f32, rtol 1e-5 (grads 1e-4)."""
-  params = decoder.init_params(jax.random.PRNGKey(1), CFG)
+  params = init_params(1, CFG)
   lc = ts.LossConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0, kl_coef=0.1, entropy_coef=0.01)
   flat = make_batch(3, params)
   packed = make_batch(3, params, 'tree')
@@ -208,24 +216,35 @@ def test_loss_and_grads_equal_flat_every_aggregation():
 STEP_LC = ts.LossConfig(agg='seq-mean-token-sum', kl_coef=0.05, num_microbatches=2)
 
 
+# The packed batches the steps run: tree-packed with 'paths' attention, and with block-sparse
+# attention (blocks of 4 slots, the automatic pair count).
+PACKED = {'tree': dict(pack_mode='tree'),
+          'blocks': dict(pack_mode='tree', attention='blocks', block=4)}
+
+
 @pytest.fixture(scope='module')
 def flat_and_packed_steps():
-  """params, and {None: flat, 'tree': packed} -> (batch, metrics, params after one
-  train step with 2 micro-batches) on the same 8 groups: the one-device results that
+  """params, and {None: flat, 'tree' / 'blocks': packed} -> (batch, metrics, params after
+  one train step with 2 micro-batches) on the same 8 groups: the one-device results that
   test_train_step_equals_flat_with_microbatches compares and the 8-device test matches."""
-  params = decoder.init_params(jax.random.PRNGKey(2), CFG)
+  params = init_params(2, CFG)
   out = {}
-  for mode in (None, 'tree'):
-    batch = make_batch(6, params, mode, b=8)
+  for mode in (None, *PACKED):
+    batch = make_batch(6, params, b=8, **PACKED.get(mode, {}))
     state = ts.init_state(jax.tree.map(jnp.copy, params), ts.make_optimizer(1e-2, 0))
     state, m = ts.train_step_jit(state, batch, cfg=CFG, loss_cfg=STEP_LC)
     out[mode] = (batch, jax.tree.map(np.asarray, m), jax.tree.map(np.asarray, state.params))
   return params, out
 
 
-def test_train_step_equals_flat_with_microbatches(flat_and_packed_steps):
+@pytest.mark.parametrize('packed', PACKED)
+def test_train_step_equals_flat_with_microbatches(flat_and_packed_steps, packed):
+  """[blocks]: micro-batches slice the block packing by group (4 of the 8 each): the
+  static pair bound carries over."""
   _, out = flat_and_packed_steps
-  (_, m_f, p_f), (_, m_p, p_p) = out[None], out['tree']
+  (_, m_f, p_f), (batch, m_p, p_p) = out[None], out[packed]
+  pk = batch.packing
+  assert (pk.attention, pk.block) == (('blocks', 4) if packed == 'blocks' else ('paths', 0))
   for k in m_f:
     np.testing.assert_allclose(m_p[k], m_f[k], rtol=1e-5, atol=1e-6, err_msg=k)
   # Adam's first step moves every weight by ~lr whatever the gradient's size, so a weight
@@ -255,8 +274,8 @@ SCRIPT = textwrap.dedent('''
       params, batch = pickle.load(f)  # the packed batch of the flat_and_packed_steps fixture
     # 8 devices as data=4 x fsdp=2: one packed group per device, fsdp-sharded params.
     mesh = ts.make_mesh(fsdp=2)
-    state = ts.shard_state(ts.init_state(jax.tree.map(jnp.asarray, params),
-                                         ts.make_optimizer(1e-2, 0)), mesh)
+    state = ts.init_state(jax.tree.map(jnp.asarray, params), ts.make_optimizer(1e-2, 0))
+    state = ts.shard_state(jax.tree.map(np.asarray, state), mesh)  # host arrays: no slicing
     state, m = ts.train_step_jit(state, ts.shard_batch(batch, mesh), cfg=h.CFG,
                                  loss_cfg=h.STEP_LC)
     with open('outputs.pkl', 'wb') as f:

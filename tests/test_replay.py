@@ -104,7 +104,15 @@ def warm(tmp_path_factory):
   cfg.rl.prompt_pool = 8  # = prompts_per_step: every prompt comes back every step
   params, info = loop.sft(cfg, str(tmp_path_factory.mktemp('sft')))
   assert 0.05 < info['greedy_acc'] < 0.95, info
+  # Packed trees of one length, the largest (P + G * L): every run of these groups compiles
+  # the update once, where the automatic buckets grow (and recompile) as the trees do.
+  cfg.train.pack_len = full_pack_len(cfg, cfg.sampler.group_size)
   return cfg, params
+
+
+def full_pack_len(cfg, group_size: int) -> int:
+  task = loop.build_task(cfg)
+  return task.prompt_len + group_size * task.response_len
 
 
 def _run_rows(cfg, path, params, method):
@@ -129,6 +137,8 @@ def test_resume_restores_the_replay_store_and_the_lagged_policy(warm, tmp_path, 
   cfg, p0 = warm
   cfg = cfg.copy_and_resolve_references()
   cfg.sampler.lag = 3  # resumed at step 2: the behaviour policy is step 0's, from the checkpoint
+  if method == 'grpo:knapsack':
+    cfg.train.pack_len = full_pack_len(cfg, cfg.sampler.max_group)  # groups padded to it
   straight = run(cfg, tmp_path / 'a', p0, method)
   run(cfg, tmp_path / 'b', p0, method, steps=2)
   resumed = run(cfg, tmp_path / 'b', p0, method)
@@ -157,8 +167,12 @@ def test_lag_one_is_on_policy_grpo_and_a_longer_lag_samples_the_old_policy(warm,
   lag1 = strip(loop.read_metrics(_run_rows(cfg, tmp_path / 'lag1', p0, 'grpo:lagged')))
   same = lambda rows: [{k: v for k, v in r.items() if k != 'method'} for r in rows]
   assert same(lag1) == same(iid)
-  # Knapsack RL's first step: no prompt seen yet, G each, i.i.d. groups row for row.
-  ks = strip(loop.read_metrics(_run_rows(cfg, tmp_path / 'ks', p0, 'grpo:knapsack')))
+  # Knapsack RL's first step: no prompt seen yet, G each, i.i.d. groups row for row (the
+  # run stops there: its later steps are not compared).
+  ks_cfg = cfg.copy_and_resolve_references()
+  ks_cfg.train.pack_len = full_pack_len(cfg, cfg.sampler.max_group)  # groups padded to it
+  run(ks_cfg, tmp_path / 'ks', p0, 'grpo:knapsack', steps=1)
+  ks = strip(loop.read_metrics(tmp_path / 'ks' / 'metrics.jsonl'))
   for key in ('reward', 'generated_tokens', 'frac_groups_with_signal', 'response_len'):
     assert ks[1][key] == iid[1][key], key
   assert ks[1]['loss'] == pytest.approx(iid[1]['loss'], rel=1e-4, abs=1e-6)

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -38,15 +39,24 @@ def tiny_cfg(steps: int = 6):
   cfg.train.packing = 'none'  # fewer programs to compile
   cfg.sampler.group_size = 8
   cfg.rl.update(steps=steps, ckpt_every=1, prompts_per_step=16)
-  cfg.eval.update(every=3, num_prompts=16)
+  # pass@k's batch = one RL batch (16 prompts x 8): it reuses the sampler's programs (as
+  # the quick config's does).
+  cfg.eval.update(every=3, num_prompts=16, pass_prompts=16, pass_k=8)
   return cfg
 
 
+_INIT = {}
+
+
 def init_params(cfg):
+  """The initial params of cfg's policy, initialized (compiled, traced) once per process."""
   import jax
   from experiments.models import decoder
   from experiments.training import loop
-  return decoder.init_params(jax.random.PRNGKey(0), loop.policy_config(cfg, loop.build_task(cfg)))
+  pcfg = loop.policy_config(cfg, loop.build_task(cfg))
+  if pcfg not in _INIT:
+    _INIT[pcfg] = decoder.init_params(jax.random.PRNGKey(0), pcfg)
+  return _INIT[pcfg]
 
 
 def strip(rows):
@@ -177,11 +187,18 @@ class Crash(BaseException):
 
 @pytest.fixture(scope='module')
 def reference(tmp_path_factory):
-  """The uninterrupted run: (rows, params leaves)."""
+  """The uninterrupted run: (rows, params leaves). Every program it compiles goes to the
+  persistent cache, the small ones too: the kill test's subprocesses then compile none."""
+  import jax
   from experiments.training import loop
   cfg = tiny_cfg(STEPS)
   d = tmp_path_factory.mktemp('straight')
-  out = loop.train(cfg, str(d), init_params(cfg), method=METHOD)
+  min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+  try:
+    out = loop.train(cfg, str(d), init_params(cfg), method=METHOD)
+  finally:
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', min_time)
   return rows_of(d), [np.asarray(x) for x in jax_leaves(out['params'])]
 
 
@@ -205,6 +222,15 @@ def assert_like_reference(workdir, out, reference):
 
 def checkpoint_names(workdir):
   return sorted(os.listdir(os.path.join(str(workdir), 'checkpoints')))
+
+
+def join_save_threads(timeout=120):
+  """Waits for the writes of a save cut short in this process. A killed process's writes end
+  with it; here orbax's threads writing the step's other items run on after the error, and
+  would race the rerun's removal of their temporary directory."""
+  for t in threading.enumerate():
+    if type(t).__module__.startswith('orbax.'):
+      t.join(timeout)
 
 
 def test_crash_mid_metric_write_leaves_a_torn_line_dropped_on_resume(tmp_path, reference,
@@ -249,6 +275,7 @@ def test_crash_mid_checkpoint_save_resumes_from_the_previous_one(tmp_path, refer
   monkeypatch.setattr(handlers.JsonCheckpointHandler, '_save_fn', real)
   names = checkpoint_names(tmp_path)
   assert names[:2] == ['2', '3'] and any(n.startswith('4.orbax-checkpoint-tmp') for n in names)
+  join_save_threads()
   out = run(tmp_path)
   assert_like_reference(tmp_path, out, reference)
   assert checkpoint_names(tmp_path) == ['5', '6']  # the partial save was cleaned up
@@ -273,6 +300,7 @@ def test_full_disk_while_a_checkpoint_is_written(tmp_path, reference, monkeypatc
   assert e.value.errno == errno.ENOSPC
   monkeypatch.setattr(handlers.JsonCheckpointHandler, '_save_fn', real)
   assert checkpoint_names(tmp_path)[:2] == ['2', '3']  # + the partial 4.orbax-checkpoint-tmp*
+  join_save_threads()
   out = run(tmp_path)
   assert_like_reference(tmp_path, out, reference)
   assert checkpoint_names(tmp_path) == ['5', '6']  # the partial write removed on the rerun

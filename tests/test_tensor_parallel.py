@@ -10,6 +10,7 @@ the adapters' and the tied head's splits. The refusals run in this process.
 """
 
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -36,17 +37,28 @@ B, G, PROMPT, RESPONSE = 8, 2, 6, 8
 ATOL = 2e-5
 
 
-def _batch(key, n):
-  k = jax.random.split(key, 6)
-  prompts = jax.random.randint(k[0], (n, PROMPT), 0, CFG.vocab_size)
-  tokens = jax.random.randint(k[1], (n, RESPONSE), 0, CFG.vocab_size)
-  lengths = jax.random.randint(k[2], (n, 1), 1, RESPONSE + 1)
-  mask = jnp.arange(RESPONSE)[None] < lengths
-  adv = jnp.where(mask, jax.random.normal(k[3], (n, RESPONSE)), 0.0)
-  old = -jnp.abs(jax.random.normal(k[4], (n, RESPONSE))) - 1.0
-  ref = old + 0.1 * jax.random.normal(k[5], (n, RESPONSE))
+def _batch(seed, n):
+  """Host (numpy) arrays: placing them on the mesh or one device compiles nothing."""
+  rng = np.random.default_rng(seed)
+  prompts = rng.integers(0, CFG.vocab_size, (n, PROMPT), dtype=np.int32)
+  tokens = rng.integers(0, CFG.vocab_size, (n, RESPONSE), dtype=np.int32)
+  lengths = rng.integers(1, RESPONSE + 1, (n, 1))
+  mask = np.arange(RESPONSE)[None] < lengths
+  adv = np.where(mask, rng.normal(size=(n, RESPONSE)), 0.0).astype(np.float32)
+  old = (-np.abs(rng.normal(size=(n, RESPONSE))) - 1.0).astype(np.float32)
+  ref = (old + 0.1 * rng.normal(size=(n, RESPONSE))).astype(np.float32)
   return ts.Batch(prompts=prompts, tokens=tokens, mask=mask, advantages=adv,
                   old_logprobs=old, ref_logprobs=ref)
+
+
+def _host(tree):
+  """numpy copies of a pytree's arrays: fresh device buffers when placed (no copy program
+  compiled per shape, as jnp.copy would), placed on a mesh without slicing programs."""
+  return jax.tree.map(np.asarray, tree)
+
+
+def _maxdiff(a, b):
+  return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
 
 
 def _gathered_shapes(hlo: str):
@@ -75,7 +87,7 @@ def check_placement(params, cfg, mesh):
                  ('down', 'kernel_lora_a'): P(None, 'model', 'fsdp')})
   else:
     want.update({('head', 'kernel'): P('fsdp', 'model'), ('q', 'bias'): P(None, 'model', 'fsdp')})
-  placed = jax.device_put(params, ts.param_sharding(params, mesh))
+  placed = jax.device_put(_host(params), ts.param_sharding(params, mesh))
   seen = set()
   for path, x in jax.tree_util.tree_leaves_with_path(placed):
     key = tuple(k.key for k in path)[-2:]
@@ -110,7 +122,7 @@ def _leaf(tree, path):
 def check_logprobs(params, placed, cfg, mesh):
   """Teacher-forced log-probs and entropies equal one device's; the compiled program
   never gathers a vocabulary-wide array (the log-softmax reduces over the split)."""
-  batch = _batch(jax.random.PRNGKey(1), B)
+  batch = _batch(1, B)
   fn = jax.jit(lambda p, a, b: decoder.token_logprobs(p, cfg, a, b))
   want = fn(params, batch.prompts, batch.tokens)
   rows = ts.batch_sharding(mesh)
@@ -120,7 +132,7 @@ def check_logprobs(params, placed, cfg, mesh):
   gathered = _gathered_shapes(fn.lower(*args).compile().as_text())
   assert gathered, 'no all-gather at all: the params were not split over fsdp'
   assert not [s for s in gathered if cfg.vocab_size in s], gathered
-  return float(jnp.max(jnp.abs(got[0] - want[0])))
+  return _maxdiff(got[0], want[0])
 
 
 def check_train_step(params, mesh):
@@ -131,18 +143,18 @@ def check_train_step(params, mesh):
   # bias: softmax ignores a shift shared by all keys) is ~1e-9 of rounding, which Adam
   # with eps 1e-8 would blow up to a step of ~lr whose sign is the noise's.
   tx = ts.make_optimizer(1e-3, eps=1e-4)
-  batch = _batch(jax.random.PRNGKey(2), B * G)
-  state = ts.init_state(jax.tree.map(jnp.copy, params), tx)
+  batch = _batch(2, B * G)
+  state = ts.init_state(jax.tree.map(jnp.asarray, _host(params)), tx)
   one, m1 = ts.train_step_jit(state, batch, cfg=CFG, loss_cfg=lc)
-  state = ts.shard_state(ts.init_state(jax.tree.map(jnp.copy, params), tx), mesh)
+  state = ts.shard_state(_host(ts.init_state(jax.tree.map(jnp.asarray, _host(params)), tx)), mesh)
   assert state.params['blocks']['up']['kernel'].sharding.spec == P(None, 'fsdp', 'model')
   tp, m2 = ts.train_step_jit(state, ts.shard_batch(batch, mesh), cfg=CFG, loss_cfg=lc)
   _close(m2, m1, what='metrics')
   assert abs(float(m1['loss'])) > 1e-3  # a loss that can differ
-  diffs = {jax.tree_util.keystr(p): float(jnp.max(jnp.abs(a - b))) for (p, a), b in
+  diffs = {jax.tree_util.keystr(p): _maxdiff(a, b) for (p, a), b in
            zip(jax.tree_util.tree_leaves_with_path(tp.params), jax.tree.leaves(one.params))}
   diff = max(diffs.values())
-  moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+  moved = max(_maxdiff(a, b) for a, b in
               zip(jax.tree.leaves(one.params), jax.tree.leaves(params)))
   assert diff <= 1e-6 and moved > 5e-4, (diffs, moved)  # Adam moved them by ~lr = 1e-3
   for x, sh in zip(jax.tree.leaves(tp.params), jax.tree.leaves(ts.param_sharding(params, mesh))):
@@ -154,7 +166,7 @@ def check_sampler(params, placed, mesh):
   """i.i.d. samples under the mesh (as the loop samples) equal one device's; the KV
   cache has its rows over ('data', 'fsdp') and its kv heads over 'model'."""
   from experiments.rollouts import sampling
-  prompts = jax.random.randint(jax.random.PRNGKey(3), (B, PROMPT), 0, CFG.vocab_size)
+  prompts = np.random.default_rng(3).integers(0, CFG.vocab_size, (B, PROMPT), dtype=np.int32)
   kw = dict(eos_id=1, pad_id=0)
   want = sampling.sample_iid(params, CFG, jax.random.PRNGKey(4), prompts, G, RESPONSE, **kw)
   rows = ts.batch_sharding(mesh)
@@ -180,29 +192,43 @@ def check_sampler(params, placed, mesh):
     assert x.addressable_shards[0].data.shape == shape  # each group's prompt held once
 
 
-def main():
+def main(params_path=None):
+  """The 8-device checks; `params_path`: a pickle of CFG's params (the test process's
+  `params` fixture, so this process compiles no initializer for them)."""
   assert jax.device_count() == 8, jax.devices()
   mesh = ts.make_mesh(2, model=2)
   assert dict(mesh.shape) == {'data': 2, 'fsdp': 2, 'model': 2}
-  params = decoder.init_params(jax.random.PRNGKey(0), CFG)
+  if params_path:
+    with open(params_path, 'rb') as f:
+      params = pickle.load(f)
+  else:
+    params = decoder.init_params(jax.random.PRNGKey(0), CFG)
   placed = check_placement(params, CFG, mesh)
   lp_diff = check_logprobs(params, placed, CFG, mesh)
   loss, param_diff = check_train_step(params, mesh)
   check_sampler(params, placed, mesh)
   lora = decoder.init_params(jax.random.PRNGKey(5), LORA)
   lora = jax.tree_util.tree_map_with_path(  # non-zero B adapters: the LoRA path matters
-      lambda p, x: x + 0.05 if decoder.is_lora(p) else x, lora)
+      lambda p, x: np.asarray(x) + np.float32(0.05) if decoder.is_lora(p) else x, lora)
   lora_diff = check_logprobs(lora, check_placement(lora, LORA, mesh), LORA, mesh)
   print(f'OK logprobs {lp_diff:.2e} loss {loss:.4f} params {param_diff:.2e} '
         f'lora logprobs {lora_diff:.2e}')
 
 
-def test_model_axis_on_eight_devices_equals_one_device():
+@pytest.fixture(scope='module')
+def params():
+  """CFG's params: the 8-device subprocess's (pickled) and test_prefill's."""
+  return decoder.init_params(jax.random.PRNGKey(0), CFG)
+
+
+def test_model_axis_on_eight_devices_equals_one_device(params, tmp_path):
+  with open(tmp_path / 'params.pkl', 'wb') as f:
+    pickle.dump(_host(params), f)
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
              JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
   env.pop('JAX_COORDINATOR_ADDRESS', None)
-  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path / 'params.pkl')],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert 'OK' in proc.stdout, proc.stdout
 
@@ -221,9 +247,8 @@ def test_refusals_name_the_sizes():
   assert ts.leaf_spec((2,), 2, 2, None) == P('fsdp')
 
 
-def test_prefill_writes_the_repeated_cache():
+def test_prefill_writes_the_repeated_cache(params):
   """`decoder.prefill` into a cache of B * n rows equals the B-row prefill repeated."""
-  params = decoder.init_params(jax.random.PRNGKey(0), CFG)
   prompts = jax.random.randint(jax.random.PRNGKey(1), (3, PROMPT), 0, CFG.vocab_size)
   prefill = jax.jit(decoder.prefill, static_argnums=1)  # as the sampler runs it; op by op is slow
   _, small = prefill(params, CFG, prompts)
@@ -274,5 +299,5 @@ def test_suggest_mesh_does_not_assume_activations_split_over_model():
 
 
 if __name__ == '__main__':
-  main()
+  main(*sys.argv[1:])
 

@@ -657,10 +657,15 @@ def is_lora(path) -> bool:
   return 'lora' in str(getattr(path[-1], 'key', path[-1]))
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_init(cfg: PolicyConfig):
+  """The model's init, jitted once per config (a fresh jit would be traced on every call)."""
+  return jax.jit(lambda key: model(cfg).init(key, *[jnp.zeros((1, 1), jnp.int32)] * 2)['params'])
+
+
 def init_params(key: jax.Array, cfg: PolicyConfig):
   """Fresh parameter pytree (the 'params' collection)."""
-  dummy = jnp.zeros((1, 1), jnp.int32)
-  return jax.jit(model(cfg).init)(key, dummy, dummy)['params']
+  return _jitted_init(cfg)(key)
 
 
 def add_lora(key: jax.Array, params, cfg: PolicyConfig):
