@@ -6,9 +6,10 @@ budget, 5 seeds, matched generated tokens.
 
 The teacher is the policy reading the answer in context, which a model trained from scratch
 has never seen (on the shared SFT start the answer in the prompt makes a correct first step
-less likely than one with a wrong digit: `python -m experiments.hindsight_teacher`). So the warm start here also sees
-the answer after half its demonstrations' prompts (`sft.hindsight_frac` 0.5), and every
-method, GRPO included, starts from it: `:plain` keeps the shared start.
+less likely than one with a wrong digit: `python -m experiments.hindsight_teacher`). So the
+warm start here also sees the answer after half its demonstrations' prompts
+(`sft.hindsight_frac` 0.5), and every method, GRPO included, starts from it: `:plain` keeps
+the shared start.
 """
 
 from configs import tempo

@@ -208,12 +208,13 @@ def teacher_section(name: str) -> list:
           f'demonstrations of `{s["task"]}`) on the warm start (greedy accuracy '
           f'{f3(s["sft_greedy_acc"])}): the summed log-probability the step gains when the '
           'gold answer follows the prompt. A teacher that uses the answer scores the correct '
-          f'step higher; here the correct step is higher for {pct(s["fraction_correct_step_higher"])} '
-          'of the demonstrations.', ''] + table(['first step', 'evidence'], rows) + [
+          'step higher; here the correct step is higher for '
+          f'{pct(s["fraction_correct_step_higher"])} of the demonstrations.', ''] + table(['first step', 'evidence'], rows) + [
               '', '## SIOP\'s start', '',
               f'On the hinted warm start of `configs/hindsight.py` (greedy accuracy '
               f'{f3(s["siop_start"]["sft_greedy_acc"])}), {s["siop_start"]["prompts"]} prompts '
-              f'with {s["siop_start"]["group_size"]} samples each at temperature 1, as SIOP trains: '
+              f'with {s["siop_start"]["group_size"]} samples each at temperature 1, as SIOP '
+              'trains: '
               f'{pct(s["siop_start"]["fraction_correct"])} of the responses are correct, and the '
               f'largest answer cluster (ties: any of the largest) holds a correct response in '
               f'{pct(s["siop_start"]["fraction_modal_correct"])} of the groups. SIOP reads no '

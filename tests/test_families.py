@@ -22,7 +22,8 @@ from experiments.training import compare, loop
 FAMILIES = ('polarity', 'implied_values', 'policy_losses', 'hints',
             'tree_search', 'tree_search:appo',
             *(pytest.param(f, marks=pytest.mark.slow)
-              for f in ('policy_losses:em', 'milestones:steps', 'expert_traces:steps', 'replay:offline',
+              for f in ('policy_losses:em', 'milestones:steps', 'expert_traces:steps',
+                        'replay:offline',
                         'tree_search:steps', 'hints:adhint', 'confidence', 'context_shift',
                         'saliency', 'probes', 'hindsight:plain', 'entropy_weighting')))
 
