@@ -51,7 +51,11 @@ def answer_clusters(tokens, mask, step_ends):
   """SIOP's outcome states by exact match: (same bool [..., G, G]: responses i and j have
   the same final answer, both having a non-empty one; share float32 [..., G]: the fraction
   of the group's answered responses in response i's cluster, m(c_i | q), 0 without one)."""
-  ans, length, has = final_answers(tokens, mask, step_ends)
+  return _clusters(*final_answers(tokens, mask, step_ends))
+
+
+def _clusters(ans, length, has):
+  """`answer_clusters` of `final_answers`' outputs."""
   has = has & (length > 0)  # the authors' code drops empty answers
   same = (jnp.all(ans[..., :, None, :] == ans[..., None, :, :], -1)
           & has[..., :, None] & has[..., None, :])
@@ -161,8 +165,9 @@ def siop(rollouts: Rollouts, *, lam: float = 0.5, broadcast: bool = False,
   ends = jnp.asarray(rollouts.step_ends, bool) & mask
   d = jnp.where(mask, jnp.asarray(rollouts.hindsight_logprobs, jnp.float32)
                 - jnp.asarray(policy, jnp.float32), 0.0)
-  _, length, _ = final_answers(rollouts.tokens, mask, ends)
-  _, q = answer_clusters(rollouts.tokens, mask, ends)
+  answers = final_answers(rollouts.tokens, mask, ends)
+  length = answers[1]
+  _, q = _clusters(*answers)
   last = last_tokens(mask)
   marks = (ends | last) & mask  # each step's last token, where its reward sits
   several = jnp.sum(marks, -1, keepdims=True) > 1

@@ -67,14 +67,12 @@ def drive(runs: str):
   from experiments.models import decoder
   assert jax.process_count() == int(os.environ['JAX_NUM_PROCESSES']), jax.process_count()
   assert jax.device_count() == DEVICES, jax.devices()
-  params0 = {}  # by policy config: initialized (compiled) once, not once per run
   for run in runs.split(','):
     workdir, steps = run.rsplit(':', 1)
     cfg = quick_cfg(int(steps))
     pcfg = loop.policy_config(cfg, loop.build_task(cfg))
-    if pcfg not in params0:
-      params0[pcfg] = decoder.init_params(jax.random.PRNGKey(0), pcfg)
-    summary = loop.train(cfg, workdir, params0[pcfg], method=METHOD)
+    params0 = decoder.init_params(jax.random.PRNGKey(0), pcfg)  # compiled once per config
+    summary = loop.train(cfg, workdir, params0, method=METHOD)
     flat = {jax.tree_util.keystr(p): ts.host_value(x)
             for p, x in jax.tree_util.tree_leaves_with_path(summary['params'])}
     if jax.process_index() == 0:

@@ -1,7 +1,6 @@
 """Tree-packed training (trees.packing + the packed forward): exact against the flat batch."""
 
 import dataclasses
-import functools
 import os
 import pickle
 import subprocess
@@ -107,11 +106,6 @@ def test_shared_prefixes_take_fewer_slots_and_identical_responses_one_path():
 _flat = jax.jit(decoder.token_logprobs, static_argnums=1)
 
 
-@functools.lru_cache(maxsize=None)
-def init_params(seed, cfg):
-  """The module's params per (seed, config), initialized once (each `decoder.init_params`
-  call traces and loads its program again)."""
-  return decoder.init_params(jax.random.PRNGKey(seed), cfg)
 _packed = jax.jit(decoder.packed_token_logprobs, static_argnums=1)
 
 
@@ -124,7 +118,7 @@ CFG_QWEN = dataclasses.replace(CFG, tie_embeddings=True, attn_bias=True, num_kv_
                                          'tied-bias-mqa-tree-mask', 'tied-bias-mqa-prompt-paths'])
 def test_packed_logprobs_equal_flat(cfg, mode, attention):
   prompts, tok, mask, plen = groups(1)
-  params = init_params(0, cfg)
+  params = decoder.init_params(jax.random.PRNGKey(0), cfg)
   flat_lp, flat_ent = _flat(params, cfg, np.repeat(prompts, G, 0), tok.reshape(B * G, L),
                             np.repeat(plen, G))
   pk = packing.pack(prompts, tok, mask, plen, pack_len=P + G * L, mode=mode, attention=attention)
@@ -141,7 +135,7 @@ def test_rows_logprobs_in_parts_equal_one_pass():
   """loop.rows_logprobs(chunks=c) runs the groups in gcd(B, c) parts: same values."""
   from experiments.training import loop
   prompts, tok, mask, plen = groups(3)
-  params = init_params(1, CFG)
+  params = decoder.init_params(jax.random.PRNGKey(1), CFG)
   pk = packing.pack(prompts, tok, mask, plen, pack_len=P + G * L)
   for packed in (None, pk):
     whole = loop.rows_logprobs(params, prompts, tok, mask, plen, packed, cfg=CFG)
@@ -193,7 +187,7 @@ def make_batch(seed, params, pack_mode=None, attention='paths', b=B, block=0):
 
 def test_loss_and_grads_equal_flat_every_aggregation():
   """Clip-higher, dual-clip, KL-as-loss and entropy terms on; f32, rtol 1e-5 (grads 1e-4)."""
-  params = init_params(1, CFG)
+  params = decoder.init_params(jax.random.PRNGKey(1), CFG)
   lc = ts.LossConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0, kl_coef=0.1, entropy_coef=0.01)
   flat = make_batch(3, params)
   packed = make_batch(3, params, 'tree')
@@ -227,7 +221,7 @@ def flat_and_packed_steps():
   """params, and {None: flat, 'tree' / 'blocks': packed} -> (batch, metrics, params after
   one train step with 2 micro-batches) on the same 8 groups: the one-device results that
   test_train_step_equals_flat_with_microbatches compares and the 8-device test matches."""
-  params = init_params(2, CFG)
+  params = decoder.init_params(jax.random.PRNGKey(2), CFG)
   out = {}
   for mode in (None, *PACKED):
     batch = make_batch(6, params, b=8, **PACKED.get(mode, {}))

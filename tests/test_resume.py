@@ -45,18 +45,12 @@ def tiny_cfg(steps: int = 6):
   return cfg
 
 
-_INIT = {}
-
-
 def init_params(cfg):
-  """The initial params of cfg's policy, initialized (compiled, traced) once per process."""
+  """The initial params of cfg's policy (`decoder.init_params` compiles once per config)."""
   import jax
   from experiments.models import decoder
   from experiments.training import loop
-  pcfg = loop.policy_config(cfg, loop.build_task(cfg))
-  if pcfg not in _INIT:
-    _INIT[pcfg] = decoder.init_params(jax.random.PRNGKey(0), pcfg)
-  return _INIT[pcfg]
+  return decoder.init_params(jax.random.PRNGKey(0), loop.policy_config(cfg, loop.build_task(cfg)))
 
 
 def strip(rows):
