@@ -26,6 +26,7 @@ the decode's analytic HBM bytes and roofline, rows against cascade.
 """
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -75,8 +76,12 @@ def main(argv=None) -> 'aot.Result':
   ap.add_argument('--quiet', action='store_true', help='no per-stage progress lines')
   ap.add_argument('--decode_layout', default=None, choices=('cascade', 'rows'),
                   help="sampler KV cache layout (default: the sampler's, 'cascade')")
+  ap.add_argument('--decode_window', type=int, default=None,
+                  help='cascade decode phases of this many own slots (default: the model '
+                       "config's, 256; 0 = every own slot each step)")
   ap.add_argument('--sampler_only', action='store_true',
-                  help='compile the i.i.d. prefill and decode only, rows vs cascade')
+                  help='compile the i.i.d. prefill and decode only: rows, cascade in one '
+                       'phase, cascade in phases')
   a = ap.parse_args(argv)
 
   import jax.numpy as jnp
@@ -85,6 +90,8 @@ def main(argv=None) -> 'aot.Result':
   cfg, notes = aot.model_config(a.model, max_len=a.prompt_len + a.response_len,
                                 dtype=getattr(jnp, a.dtype), remat=a.remat,
                                 lora_rank=a.lora_rank)
+  if a.decode_window is not None:
+    cfg = dataclasses.replace(cfg, decode_window=a.decode_window)
   shape = aot.RLShape(
       rows=a.rows, group_size=a.group_size, prompt_len=a.prompt_len,
       response_len=a.response_len, sampler=a.sampler, num_chains=a.num_chains,
@@ -114,12 +121,15 @@ def cli(argv=None) -> int:
 
 
 def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
-  """Compiles `sampling._start` and `sampling._decode` (i.i.d.) for each layout on the
-  topology's mesh, as `aot.compile_sampler` does; one line per layout (see --sampler_only).
+  """Compiles `sampling._start` and `sampling._decode` (i.i.d.) on the topology's mesh, as
+  `aot.compile_sampler` does: layout 'rows', 'cascade' in one phase (decode_window 0) and
+  'cascade' in `cfg.decode_window` phases; one line each (see --sampler_only).
 
   peak: the decode program's arguments + temporaries + outputs - aliased, plus the optimizer
   state and reference params the loop holds meanwhile. step bytes: XLA's 'bytes accessed'
-  of the decode program, which counts its while loop's body (one step) once.
+  of the decode program, which counts each phase's while-loop body (one step) once, divided
+  by the phases: the mean step's bytes when the phases are equally long. decode HBM B:
+  `aot.decode_hbm_bytes`, the analytic lower bound; roofline: it over the HBM bandwidth.
   """
   import math
   import jax
@@ -146,26 +156,30 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
   gib = 2.0 ** 30
   lines = [f'i.i.d. sampler on {topo.name}, mesh {dict(mesh.shape)}: {b} prompts x G {g}, '
            f'prompt {shape.prompt_len} + response {l}, {np.dtype(cfg.dtype).name}; per device:',
-           f'  {"layout":8s} {"cache GiB":>9s} {"args":>6s} {"temp":>6s} {"out":>6s} '
-           f'{"peak GiB":>8s} {"step bytes":>10s} {"decode HBM B":>12s} {"roofline s":>10s} '
-           f'{"compile s":>9s}']
-  for layout in sampling.LAYOUTS:
+           f'  {"layout":8s} {"phases":>6s} {"cache GiB":>9s} {"args":>6s} {"temp":>6s} '
+           f'{"out":>6s} {"peak GiB":>8s} {"step bytes":>10s} {"decode HBM B":>12s} '
+           f'{"roofline s":>10s} {"compile s":>9s}']
+  one = dataclasses.replace(cfg, decode_window=0)
+  for layout, c in (('rows', cfg), ('cascade', one), ('cascade', cfg)):
+    if c is cfg and layout == 'cascade' and len(sampling.decode_windows(cfg, l)) == 1:
+      continue  # already the one-phase line
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
-      start = sampling._start.lower(params, prompts, u, plen, cfg=cfg, pad_id=0,
+      start = sampling._start.lower(params, prompts, u, plen, cfg=c, pad_id=0,
                                     layout=layout).compile()
       st = aot.plain(start.out_info)
-      dec = sampling._decode.lower(params, st, l, knobs, cfg=cfg, eos_id=shape.eos_id).compile()
+      dec = sampling._decode.lower(params, st, l, knobs, cfg=c, eos_id=shape.eos_id).compile()
     mem = dec.memory_analysis()
     cost = dec.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    phases = len(sampling.decode_windows(c, l, layout == 'cascade'))
     peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
             - mem.alias_size_in_bytes + held)
-    hbm = aot.decode_hbm_bytes(cfg, shape, mesh, param_bytes, layout)
-    lines.append(f'  {layout:8s} {aot.chip_bytes(st.cache) / gib:9.3f} '
+    hbm = aot.decode_hbm_bytes(c, shape, mesh, param_bytes, layout)
+    lines.append(f'  {layout:8s} {phases:6d} {aot.chip_bytes(st.cache) / gib:9.3f} '
                  f'{mem.argument_size_in_bytes / gib:6.2f} {mem.temp_size_in_bytes / gib:6.2f} '
                  f'{mem.output_size_in_bytes / gib:6.2f} {peak / gib:8.2f} '
-                 f'{cost.get("bytes accessed", float("nan")):10.3e} {hbm:12.3e} '
+                 f'{cost.get("bytes accessed", float("nan")) / phases:10.3e} {hbm:12.3e} '
                  f'{hbm / topo.device_bandwidth:10.3f} {time.perf_counter() - t0:9.1f}')
   return '\n'.join(lines)
 

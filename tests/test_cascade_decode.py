@@ -12,6 +12,7 @@ near tie); at these sizes none does (`count_flips` counts draw flips over a larg
 `python tests/test_cascade_decode.py flips`).
 """
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -213,6 +214,58 @@ def test_fork_refuses_rows_that_do_not_split_over_the_prompts():
     jax.eval_shape(lambda s: sampling.fork(s, jnp.arange(4), jnp.zeros((4,), jnp.int32),
                                            jnp.zeros((4, L))), state)
 
+
+def test_decode_in_phases_equals_the_rows_layout():
+  """Decode phases (`sampling.decode_windows`, `cfg.decode_window`): a step of the phase
+  ending at w attends over own slots [0, w) only. Windows of 4 over L = 9 (phases ending
+  at 4, 8, 9) give the 'rows' layout's samples, i.i.d. and an entropy tree whose forks start
+  in every phase (GQA with biases and LoRA); one phase where there is no cascade cache or
+  w >= L."""
+  kw = dict(eos_id=EOS, pad_id=PAD, prompt_len=PROMPT_LEN)
+  cfg, params = CFGS['gqa_lora'], _params('gqa_lora')
+  phased = dataclasses.replace(cfg, decode_window=4)
+  assert sampling.decode_windows(phased, L) == (4, 8, 9)
+  got, want = (sampling.sample_iid(params, c, KEY, PROMPTS, G, L, layout=lay, **kw)
+               for c, lay in ((phased, 'cascade'), (cfg, 'rows')))
+  check_same_samples(got, want)
+  got, want = (sampling.sample_tree_entropy(params, c, TREE_KEY, PROMPTS, 2, 2, 1, L,
+                                            layout=lay, **kw)
+               for c, lay in ((phased, 'cascade'), (cfg, 'rows')))
+  check_same_samples(got, want)
+  forks = np.asarray(got.fork)[np.asarray(got.parent) >= 0]
+  assert forks.min() < 4 and forks.max() >= 4  # children start before and after a window end
+  assert sampling.decode_windows(phased, L, cascade=False) == (L,)
+  assert sampling.decode_windows(dataclasses.replace(cfg, decode_window=L), L) == (L,)
+  assert sampling.decode_windows(dataclasses.replace(cfg, decode_window=0), L) == (L,)
+  with pytest.raises(ValueError, match='decode_window'):
+    dataclasses.replace(cfg, decode_window=-1)
+
+
+def test_decode_phases_read_fewer_bytes():
+  """The phases' point: XLA's bytes accessed per decode step (the program's total over its
+  phase bodies, each counted once, divided by the phases) fall below one phase's, and
+  `aot.decode_hbm_bytes` counts the rows' own slots as the mean window: 0.625 L for four
+  equal phases."""
+  from experiments.training import aot
+  cfg = decoder.PolicyConfig(vocab_size=32, d_model=32, num_layers=1, num_heads=2, d_ff=32,
+                             max_len=4 + 64)
+  params = decoder.init_params(jax.random.PRNGKey(0), cfg)
+  b, g, l = 2, 4, 64
+  u = sampling.response_uniforms(KEY, np.arange(b), np.arange(g), l)
+  knobs = dict(temperature=jnp.float32(1), top_k=jnp.int32(0), top_p=jnp.float32(1))
+  per_step = {}
+  for w in (0, 16):
+    c = dataclasses.replace(cfg, decode_window=w)
+    state = sampling._start(params, jnp.ones((b, 4), jnp.int32), u, jnp.full((b,), 4), cfg=c,
+                            pad_id=PAD, layout='cascade')
+    cost = sampling._decode.lower(params, state, l, knobs, cfg=c, eos_id=EOS).compile()
+    cost = cost.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    per_step[w] = cost['bytes accessed'] / len(sampling.decode_windows(c, l))
+  assert per_step[16] < 0.8 * per_step[0], per_step
+  assert aot.mean_own_slots(dataclasses.replace(cfg, decode_window=256), 1024,
+                            'cascade') == 640
+  assert aot.mean_own_slots(cfg, 1024, 'rows') == 1024
 
 # ----------------------------------------------------------------------------
 # Tensor parallelism: 8 CPU devices in a subprocess (as tests/test_tensor_parallel.py).

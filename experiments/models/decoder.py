@@ -60,6 +60,9 @@ class PolicyConfig:
   # > 0: self-attention within a call in query chunks of this many positions, each against
   # the keys up to its own end (`causal_attention`); 0 = one dense [T, T] block.
   attn_chunk: int = 0
+  # > 0: a decode step over a `CascadeCache` reads the rows' own slots only up to the end of
+  # its phase, phases of this many slots (`sampling.decode_windows`; issue 41); 0 = all slots.
+  decode_window: int = 256
   lora_rank: int = 0  # > 0: LoRA adapters (qwix) on every block projection.
   lora_alpha: float = 16.0
   # Pretrained-architecture options; the defaults are the toy policy / SmolLM2.
@@ -89,6 +92,9 @@ class PolicyConfig:
     if not (isinstance(self.attn_chunk, int) and self.attn_chunk >= 0):
       raise ValueError(f'attn_chunk must be an int >= 0 (0: no chunking), got '
                        f'{self.attn_chunk!r}')
+    if not (isinstance(self.decode_window, int) and self.decode_window >= 0):
+      raise ValueError(f'decode_window must be an int >= 0 (0: every own slot each step), '
+                       f'got {self.decode_window!r}')
     if self.num_heads % self.kv_heads:
       raise ValueError(f'num_heads={self.num_heads} not divisible by '
                        f'num_kv_heads={self.kv_heads}')
@@ -123,11 +129,14 @@ class CascadeCache:
   position j); `k` / `v` [num_layers, B * G, L, K, Dh] each row's own tokens, row
   b * G + g reading prefix b. A call passes `start` [B * G], each row's first own
   position: the row sees prefix slots < start and its slot i holds position start + i.
+  `window` (static): a call attends over own slots [0, window) only, all of them if None
+  (the decode's phases, `sampling.decode`; every query's slot must be < window).
   """
   prefix_k: jax.Array
   prefix_v: jax.Array
   k: jax.Array
   v: jax.Array
+  window: Optional[int] = struct.field(pytree_node=False, default=None)
 
 
 def init_cascade_cache(cfg: PolicyConfig, num_prefixes: int, prefix_len: int, rows: int,
@@ -529,8 +538,10 @@ def cached_attention(q, k, v, positions, cache, layer, start, cfg: 'PolicyConfig
   if isinstance(cache, CascadeCache):
     slots = positions - start[:, None]
     cache = place(cache.replace(k=set_(cache.k, k, slots), v=set_(cache.v, v, slots)))
-    return cascade_attention(q, cache.prefix_k[layer], cache.prefix_v[layer], cache.k[layer],
-                             cache.v[layer], start, slots, cfg), cache
+    own = slice(None, cache.window)  # the phase's filled slots (all when window is None)
+    return cascade_attention(q, cache.prefix_k[layer], cache.prefix_v[layer],
+                             cache.k[layer][:, own], cache.v[layer][:, own], start, slots,
+                             cfg), cache
   if cache.k.shape[1] != q.shape[0]:  # n = cache rows / call rows; a prefill starts at 0
     n = cache.k.shape[1] // q.shape[0]
     cache = KVCache(k=put(cache.k, k, n), v=put(cache.v, v, n))

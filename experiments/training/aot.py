@@ -475,14 +475,26 @@ def cache_slots(shape: RLShape, layout: Optional[str] = None) -> tuple:
   return ((b, p), (b * g, l))
 
 
+def mean_own_slots(cfg, length: int, layout: str) -> float:
+  """Own slots a decode step reads, averaged over the L = length steps: L without phases
+  ('rows', or a window of 0), else sum over phases of (steps x window) / L
+  (`sampling.decode_windows`)."""
+  from experiments.rollouts import sampling
+  ends = sampling.decode_windows(cfg, length, layout == 'cascade')
+  return sum((e - s) * e for s, e in zip((0,) + ends[:-1], ends)) / length
+
+
 def decode_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, param_bytes_full: float,
                      layout: Optional[str] = None) -> float:
   """HBM bytes per device of one decode (L steps), a lower bound: each step reads the
-  device's 'model' slice of the weights and its share of the KV cache, all slots (rows over
-  data x fsdp, kv heads over model)."""
+  device's 'model' slice of the weights and its share of the KV cache (rows over data x
+  fsdp, kv heads over model): every prefix slot, and the rows' own slots up to the end of
+  the step's phase (`mean_own_slots`)."""
+  layout = decode_layout(shape, layout)
   slot = 2 * cfg.num_layers * cfg.kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
-  cache = sum(rows * n for rows, n in cache_slots(shape, layout)) * slot / mesh.size
-  return shape.response_len * (param_bytes_full / shape.model + cache)
+  *prefix, (rows, own) = cache_slots(shape, layout)
+  slots = sum(r * n for r, n in prefix) + rows * mean_own_slots(cfg, own, layout)
+  return shape.response_len * (param_bytes_full / shape.model + slots * slot / mesh.size)
 
 
 def stage_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, state_bytes_chip: int,
