@@ -4,13 +4,23 @@
 group: G trajectories from the same start state), for K turns inside one jit.
 A turn: the policy samples up to A action tokens one at a time with the KV
 cache, stopping after `env.eoa_id` (a `lax.scan` over the A tokens); `env.step`
-answers; the new observation enters the cache as one teacher-forced chunk at
-the start of the next turn (the first observation at turn 0: no separate
-prefill, so the turn body holds the only two decoder calls; the price is that
-the first observation runs once per row instead of once per group). Turns are a `lax.scan` over k = 0 .. K-1; finished episodes keep
+answers; the new observation enters the cache as one teacher-forced chunk.
+Turns are a `lax.scan` over k = 0 .. K-1; finished episodes keep
 running on padding (static shapes). `fork_episodes` samples N chains per start
 state and, at turn boundary k, forks each into C continuations by copying env
 state and KV cache (tree sampling over turns).
+
+KV-cache layouts (`LAYOUTS`, the samplers' static `layout`). 'rows' (default): a
+`decoder.KVCache` per row; the chunk runs at the start of the next turn, the first
+observation obs0 in turn 0's (no separate prefill: the turn body holds the only two
+decoder calls, but every row of a group holds and reads its own copy of obs0).
+'cascade': a `decoder.CascadeCache`; obs0 is prefilled once per group into its B
+prefixes (the first action's logits are the prefill's last), the rows' actions and
+observations go to their own slots (own slot i = position O + i; each observation's
+chunk at the end of its turn, the last turn's unused), and every decode step reads a
+group's obs0 once for its G rows (`decoder.cascade_attention`); a fork copies the own
+slots only. Both give the same episodes up to float rounding
+(tests/test_agent_cascade.py).
 
 Layout. A trajectory is ONE token sequence of static length T = O + K (A + O):
 the initial observation [0, O), then for turn k an action slot
@@ -223,10 +233,14 @@ def _success_key(env) -> Optional[str]:
   return next((k for k in ("solved", "goal", "success") if k in info), None)
 
 
-def _hidden(params, pcfg, tokens, positions, cache):
-  """Runs tokens [R, n] at positions [R, n] into the cache: (last-position logits [R, V], cache)."""
+def _hidden(params, pcfg, tokens, positions, cache, start=None):
+  """Runs tokens [R, n] at positions [R, n] into the cache: (last-position logits [R, V], cache).
+
+  start [R]: the rows' first own positions, for the own slots of a `decoder.CascadeCache`
+  (without it a cascade cache's prefixes are written: a prefill of its R = B prompts)."""
   m = decoder.model(pcfg)
-  h, cache = m.apply({"params": params}, tokens, positions, cache, method="hidden")
+  args = (cache,) if start is None else (cache, None, start)
+  h, cache = m.apply({"params": params}, tokens, positions, *args, method="hidden")
   return m.apply({"params": params}, h[:, -1], method="logits"), cache
 
 
@@ -257,10 +271,16 @@ def _pick(u, logits, alive, temperature, eoa_id, pad_id):
 
 
 def _turn(params, pcfg, env, vocab, temperature, carry, xs):
-  """One turn of every row. carry = (env state, KV cache, the observation before this
-  turn's action slot [R, O] in policy tokens, not yet in the cache); xs = (turn index k,
+  """One turn of every row. carry = (env state, KV cache, pending); xs = (turn index k,
   uniforms [R, A]). Returns the new carry and the turn's record (tokens in the policy's
-  vocabulary: the environment's unless `vocab` maps them)."""
+  vocabulary: the environment's unless `vocab` maps them).
+
+  Layout 'rows' (a `decoder.KVCache`): pending = the observation before this turn's action
+  slot [R, O] in policy tokens, not yet in the cache; the turn runs it first. Layout
+  'cascade' (a `decoder.CascadeCache`, own slot i = position O + i): pending = the
+  next-token logits [R, V] (the prefill's at turn 0); the turn runs its new observation
+  into the rows' own slots last, whose logits the next turn starts from (after the last
+  turn they go unused)."""
   state, cache, pending = carry
   k, u = xs
   o, a = env.obs_len, env.action_len
@@ -268,16 +288,21 @@ def _turn(params, pcfg, env, vocab, temperature, carry, xs):
   r = u.shape[0]
   start = o + k * (a + o)  # the action slot's first position
   live = ~state.done
-  # Teacher-forced chunk: the observation (its logits at the end give the first action token).
-  pos = jnp.broadcast_to(start - o + jnp.arange(o), pending.shape)
-  logits, cache = _hidden(params, pcfg, pending, pos, cache)
+  cascade = isinstance(cache, decoder.CascadeCache)
+  own = jnp.full((r,), o, jnp.int32) if cascade else None  # the rows' first own position
+  if cascade:
+    logits = pending
+  else:
+    # Teacher-forced chunk: the observation (its logits at the end give the first action token).
+    pos = jnp.broadcast_to(start - o + jnp.arange(o), pending.shape)
+    logits, cache = _hidden(params, pcfg, pending, pos, cache)
 
   def act(c, x):  # sample action token j and feed it
     cache, logits, alive = c
     j, uj = x
     tok, lp, pol, alive = _pick(uj, logits, alive, temperature, eoa, pad)
     logits, cache = decoder.decode_step(params, pcfg, cache, tok,
-                                        jnp.full((r,), start + j, jnp.int32))
+                                        jnp.full((r,), start + j, jnp.int32), own)
     return (cache, logits, alive), (tok, lp, pol)
 
   (cache, _, _), (actions, logprobs, policy) = jax.lax.scan(
@@ -286,7 +311,11 @@ def _turn(params, pcfg, env, vocab, temperature, carry, xs):
   env_actions = actions if vocab is None else vocab.to_env[actions]
   state, record = _env_turn(env, state, env_actions, policy.T, logprobs.T)
   record.update(actions=actions, obs=policy_tokens(vocab, record["obs"]))
-  return (state, cache, record["obs"]), record
+  pending = record["obs"]
+  if cascade:  # the observation slot right after the action slot, into the own slots
+    pos = jnp.broadcast_to(start + a + jnp.arange(o), pending.shape)
+    pending, cache = _hidden(params, pcfg, pending, pos, cache, own)
+  return (state, cache, pending), record
 
 
 def _env_turn(env, state, actions, policy, logprobs):
@@ -316,9 +345,14 @@ def _run_turns(params, pcfg, env, vocab, temperature, carry, first: int, last: i
   return carry, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), recs)
 
 
-def _start(env, pcfg, key, num_groups: int, copies: int, start=None, vocab=None):
+def _start(env, pcfg, key, num_groups: int, copies: int, start=None, vocab=None, *,
+           layout: str = "rows", params=None, num_turns: Optional[int] = None):
   """B start states (`env.reset`, or `start`) repeated: (carry of B * copies rows, obs0,
-  obs0_mask), the observation in policy tokens. It enters the cache in turn 0's chunk."""
+  obs0_mask), the observation in policy tokens. Layout 'rows': it enters every row's
+  cache in turn 0's chunk. Layout 'cascade' (needs params; num_turns sizes the own slots):
+  it is prefilled once per group into a `decoder.CascadeCache` of B prefixes of O slots
+  and B * copies rows of T - O own slots (`_prefill_groups`), and the carry holds the
+  first action's logits instead of a pending observation."""
   if start is None:
     start = env.reset(jax.random.fold_in(key, 0), num_groups)
   state, obs, obs_mask = start
@@ -326,9 +360,24 @@ def _start(env, pcfg, key, num_groups: int, copies: int, start=None, vocab=None)
     raise ValueError(f"start holds {obs.shape[0]} episodes; num_groups = {num_groups}.")
   obs = policy_tokens(vocab, jnp.where(obs_mask, obs, env.pad_id).astype(jnp.int32))
   rep = lambda x: jnp.repeat(x, copies, axis=0)
+  if layout == "cascade":
+    cache, logits = _prefill_groups(params, pcfg, env, obs, copies, num_turns)
+    return (jax.tree.map(rep, state), cache, logits), rep(obs), rep(obs_mask)
   cache = None if pcfg is None else decoder.init_cache(pcfg, num_groups * copies)
   carry = (jax.tree.map(rep, state), cache, rep(obs))
   return carry, rep(obs), rep(obs_mask)
+
+
+def _prefill_groups(params, pcfg, env, obs0, copies: int, num_turns: Optional[int] = None):
+  """Layout 'cascade': obs0 [B, O] (policy tokens) run once into the prefixes of an empty
+  `decoder.CascadeCache` (B prefixes of O slots, B * copies rows of T - O own slots, own
+  slot i = position O + i) -> (cache, the first action's logits [B * copies, V]: the
+  prefill's at position O - 1, repeated to each group's rows)."""
+  b, o = obs0.shape
+  t = sequence_length(env, num_turns)
+  cache = decoder.init_cascade_cache(pcfg, b, o, b * copies, t - o)
+  logits, cache = _hidden(params, pcfg, obs0, jnp.broadcast_to(jnp.arange(o), (b, o)), cache)
+  return cache, jnp.repeat(logits, copies, axis=0)
 
 
 def _uniforms(key, num_groups: int, node_ids, env, k: int):
@@ -376,6 +425,14 @@ def _episodes(env, num_groups, obs0, obs0_mask, recs, final_state, parent, fork_
                   fork_turn=jnp.asarray(fork_turn, jnp.int32))
 
 
+LAYOUTS = ("rows", "cascade")  # KV-cache layouts of the samplers (module docstring)
+
+
+def _check_layout(layout: str) -> None:
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}.")
+
+
 def _check(pcfg, env, num_groups, group_size, k):
   t = sequence_length(env, k)
   if t > pcfg.max_len:
@@ -393,10 +450,11 @@ def _check(pcfg, env, num_groups, group_size, k):
 
 
 @functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_groups", "group_size",
-                                             "num_turns"))
+                                             "num_turns", "layout"))
 def sample_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
                     group_size: int, temperature=1.0, *, num_turns: Optional[int] = None,
-                    start=None, vocab: Optional[VocabMap] = None) -> Episodes:
+                    start=None, vocab: Optional[VocabMap] = None,
+                    layout: str = "rows") -> Episodes:
   """G i.i.d. trajectories from each of B start states: Episodes [B, G, ...].
 
   K = num_turns (default env.max_turns) turns, static; the env's own limit still
@@ -405,11 +463,15 @@ def sample_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: in
   levels from `env.reset`) instead of `env.reset(fold_in(key, 0), B)`.
   vocab: a `VocabMap` when the policy has its own vocabulary (a pretrained LM); the
   trajectory's tokens are then policy tokens.
+  layout (static, `LAYOUTS`): the KV cache, 'rows' (each row's own, obs0 included) or
+  'cascade' (obs0 once per group; module docstring). Same episodes up to float rounding.
   parent = -1 and fork_turn = 0 everywhere.
   """
+  _check_layout(layout)
   k = num_turns_of(env, num_turns)
   _check(pcfg, env, num_groups, group_size, k)
-  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, group_size, start, vocab)
+  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, group_size, start, vocab,
+                                  layout=layout, params=params, num_turns=k)
   u = _uniforms(key, num_groups, np.arange(group_size), env, k)
   temperature = jnp.asarray(temperature, jnp.float32)
   carry, recs = _run_turns(params, pcfg, env, vocab, temperature, carry, 0, k, u)
@@ -432,11 +494,11 @@ def fork_layout(num_chains: int, num_forks: int, fork_turn: int):
 
 
 @functools.partial(jax.jit, static_argnames=("pcfg", "env", "num_groups", "num_chains",
-                                             "num_forks", "fork_turn", "num_turns"))
+                                             "num_forks", "fork_turn", "num_turns", "layout"))
 def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
                   num_chains: int, num_forks: int, fork_turn: int, temperature=1.0, *,
                   num_turns: Optional[int] = None, start=None,
-                  vocab: Optional[VocabMap] = None) -> Episodes:
+                  vocab: Optional[VocabMap] = None, layout: str = "rows") -> Episodes:
   """Tree sampling over turns: Episodes [B, G = N C, ...] with parent and fork_turn.
 
   Per start state, N chains run turns [0, fork_turn); each row (env state, KV
@@ -444,21 +506,29 @@ def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
   [fork_turn, K) with their own randomness (`fork_layout`; module docstring), so
   the shared prefix is computed once. Continuation c = 0 equals chain n of
   `sample_episodes(group_size=N)` with the same key. A chain already done at the
-  fork gives C identical copies. 0 <= fork_turn < K (static); num_turns, start and
-  vocab as in `sample_episodes`.
+  fork gives C identical copies. 0 <= fork_turn < K (static); num_turns, start,
+  vocab and layout as in `sample_episodes` (with 'cascade' a fork copies the rows' own
+  slots only, the groups' obs0 prefixes stay shared).
   """
+  _check_layout(layout)
   k = num_turns_of(env, num_turns)
   _check(pcfg, env, num_groups, num_chains * num_forks, k)
   if not 0 <= fork_turn < k:
     raise ValueError(f"fork_turn must be in [0, K = {k}); got {fork_turn}.")
   parent, fork_at, node = fork_layout(num_chains, num_forks, fork_turn)
   temperature = jnp.asarray(temperature, jnp.float32)
-  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, num_chains, start, vocab)
+  carry, obs0, obs0_mask = _start(env, pcfg, key, num_groups, num_chains, start, vocab,
+                                  layout=layout, params=params, num_turns=k)
   u = _uniforms(key, num_groups, np.arange(num_chains), env, k)
   carry, head = _run_turns(params, pcfg, env, vocab, temperature, carry, 0, fork_turn, u)
   rep = lambda x, axis=0: jnp.repeat(x, num_forks, axis=axis)  # row r -> rows r C .. r C + C-1
   state, cache, pending = carry
-  carry = (jax.tree.map(rep, state), jax.tree.map(lambda x: rep(x, 1), cache), rep(pending))
+  state = jax.tree.map(rep, state)
+  if isinstance(cache, decoder.CascadeCache):  # own slots copied, the prefixes kept shared
+    cache = cache.replace(k=rep(cache.k, 1), v=rep(cache.v, 1))
+  else:
+    cache = jax.tree.map(lambda x: rep(x, 1), cache)
+  carry = (state, cache, rep(pending))
   u = _uniforms(key, num_groups, node, env, k)
   carry, tail = _run_turns(params, pcfg, env, vocab, temperature, carry, fork_turn, k, u)
   recs = jax.tree.map(lambda h, t: jnp.concatenate([rep(h), t], axis=1), head, tail)
