@@ -11,11 +11,9 @@ at a turn > 0. A float tie could flip an inverse-CDF draw; with this key and the
 none does.
 """
 
-import functools
 import inspect
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -33,38 +31,14 @@ EXACT = ("tokens", "policy_mask", "obs_mask", "span_mask", "token_turn", "turn_m
 IDS = (range(MDP.num_states), range(MDP.num_states, MDP.num_states + MDP.num_actions))
 
 
-def gqa_policy(env, obs_ids, action_ids, seed=1):
-  """`tiny_policy`'s construction (NumPy random params nudged towards well-formed actions)
-  for a 2-layer grouped-query decoder: 4 query heads over 2 kv heads."""
-  pcfg = decoder.PolicyConfig(vocab_size=env.vocab_size, d_model=32, num_layers=2, num_heads=4,
-                              num_kv_heads=2, d_ff=64, max_len=ags.sequence_length(env))
-  rng = np.random.default_rng(seed)
-
-  def leaf(path, x):
-    if path[-1].key == "scale":
-      return np.ones(x.shape, np.float32)
-    return (rng.normal(size=x.shape) * (0.5 if path[-1].key == "embedding" else 0.18)
-            ).astype(np.float32)
-
-  shapes = jax.eval_shape(functools.partial(decoder.init_params, cfg=pcfg), jax.random.key(0))
-  params = jax.tree_util.tree_map_with_path(leaf, shapes)
-  emb, head = params["embed"]["embedding"], params["head"]["kernel"]
-  emb[np.asarray(obs_ids), 0] += 8.0
-  emb[np.asarray(action_ids), 1] += 8.0
-  head[0, np.asarray(action_ids)] += 0.6
-  head[0, env.eoa_id] += 0.3
-  head[1, env.eoa_id] += 0.6
-  return jax.tree.map(jnp.asarray, params), pcfg
-
-
 @pytest.fixture(scope="module")
 def mha():
   return tiny_policy(MDP, *IDS)
 
 
 @pytest.fixture(scope="module")
-def gqa():
-  return gqa_policy(MDP, *IDS)
+def gqa():  # 2 layers, 4 query heads over 2 kv heads
+  return tiny_policy(MDP, *IDS, seed=1, num_layers=2, num_heads=4, num_kv_heads=2)
 
 
 def check_same(got, want):

@@ -21,13 +21,14 @@ SOKOBAN = sokoban.Sokoban(height=5, width=5, num_boxes=1, carve_steps=8, reverse
 KEY = jax.random.key(7)
 
 
-def tiny_policy(env, obs_ids, action_ids, seed=0):
+def tiny_policy(env, obs_ids, action_ids, seed=0, **model):
   """A 1-layer d_model-32 decoder (random params built in NumPy: compiling init_params is
   slow) nudged towards well-formed actions, so that episodes end at different turns:
   after an observation token an action token (or, less often, EOA), after an action
-  token EOA. Returns (params, pcfg)."""
-  pcfg = decoder.PolicyConfig(vocab_size=env.vocab_size, d_model=32, num_layers=1, num_heads=2,
-                              d_ff=64, max_len=ags.sequence_length(env))
+  token EOA. `model`: other `decoder.PolicyConfig` fields. Returns (params, pcfg)."""
+  pcfg = decoder.PolicyConfig(**{**dict(vocab_size=env.vocab_size, d_model=32, num_layers=1,
+                                        num_heads=2, d_ff=64, max_len=ags.sequence_length(env)),
+                                 **model})
   rng = np.random.default_rng(seed)
 
   def leaf(path, x):
