@@ -34,8 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.horizons = (3, 5, 8)
   c.group_sizes = (4, 8)
   # Greedy starts measured on one 2-core Xeon: d3 600 steps 0.53 (the main job's); d5 1000
-  # steps 0.02, 1250 0.51, 1400 0.66, 2000 0.86 (a sharp jump, as at d3); d8 not yet run (2600
-  # extrapolates d3 -> d5; check the start it prints).
+  # steps 0.02, 1250 0.51, 1400 0.66, 2000 0.86 (a sharp jump, as at d3). On a 2-core AMD EPYC:
+  # d3 600 steps 0.53, d5 1250 0.47, d8 2600 0.35 (extrapolated from d3 -> d5, then run).
   c.sft_steps = ml_collections.ConfigDict(dict(d3=600, d5=1250, d8=2600))
   c.methods = METHODS
   c.agent_tasks = tuple(AGENT_TASKS)
