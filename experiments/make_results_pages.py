@@ -291,18 +291,21 @@ TITLES = {
 }
 
 
+COLLAPSE_TITLES = ('EM with its KL', "SIOP as its authors' code")
+
+
 def page_lines(page: str) -> list:
   """The body of one results page."""
   if page == 'main_job':
-    names = main_job_files() + ['main_job_grpo_at_aab4ae0.json']
+    names = sources(page)
     body = ['## Every machine', '', main_job_table(), ''] + cross_machine(main_job_files())
     return body + [''] + sum((compare_section(n) for n in names), [])
   if page == 'spo_chain_scratch_add':
     return compare_section('spo_chain_scratch_add.json', 'The runs')
   if page == 'collapses':
-    return (compare_section('policy_losses_em.json', 'EM with its KL')
-            + compare_section('hindsight_siop.json', "SIOP as its authors' code")
-            + teacher_section('hindsight_teacher.json'))
+    *reruns, teacher = sources(page)
+    return sum((compare_section(n, t) for n, t in zip(reruns, COLLAPSE_TITLES)),
+               []) + teacher_section(teacher)
   return quality_page(page + '.json')
 
 
@@ -327,7 +330,7 @@ def sources(page_name: str) -> list:
   """The stored summaries a page reads, relative to docs/results."""
   if page_name == 'main_job':
     return main_job_files() + ['main_job_grpo_at_aab4ae0.json']
-  if page_name == 'collapses':
+  if page_name == 'collapses':  # the reruns (`COLLAPSE_TITLES`), then the teacher
     return ['policy_losses_em.json', 'hindsight_siop.json', 'hindsight_teacher.json']
   return [page_name + '.json']
 

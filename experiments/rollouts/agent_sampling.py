@@ -523,12 +523,9 @@ def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
   carry, head = _run_turns(params, pcfg, env, vocab, temperature, carry, 0, fork_turn, u)
   rep = lambda x, axis=0: jnp.repeat(x, num_forks, axis=axis)  # row r -> rows r C .. r C + C-1
   state, cache, pending = carry
-  state = jax.tree.map(rep, state)
-  if isinstance(cache, decoder.CascadeCache):  # own slots copied, the prefixes kept shared
-    cache = cache.replace(k=rep(cache.k, 1), v=rep(cache.v, 1))
-  else:
-    cache = jax.tree.map(lambda x: rep(x, 1), cache)
-  carry = (state, cache, rep(pending))
+  # A cascade cache's own slots are copied, its obs0 prefixes kept shared.
+  carry = (jax.tree.map(rep, state), sampling.map_cache_rows(lambda x: rep(x, 1), cache),
+           rep(pending))
   u = _uniforms(key, num_groups, node, env, k)
   carry, tail = _run_turns(params, pcfg, env, vocab, temperature, carry, fork_turn, k, u)
   recs = jax.tree.map(lambda h, t: jnp.concatenate([rep(h), t], axis=1), head, tail)
