@@ -268,12 +268,19 @@ def test_watchdog_normal_end_stops_its_thread_before_jax_shuts_down():
 
 def test_watchdog_collective_error_of_a_lost_peer_gives_the_one_line_alone():
   """A collective's Gloo error in the main thread (the peer was killed mid all-reduce) waits
-  for the watchdog's verdict: its one line comes alone, without the traceback before it.
-  Any other error prints its traceback at once."""
+  for the watchdog's verdict, and for the thread to end the process: its one line comes
+  alone, without the traceback before it. Any other error prints its traceback at once.
+  (CI once saw the hook return between the verdict and `exit_fn`.)"""
   import io
   from experiments.training import watchdog
   JaxRuntimeError = type('JaxRuntimeError', (RuntimeError,), {})
-  client, exits, stream, printed = FakeClient(), [], io.StringIO(), []
+  class SlowStream(io.StringIO):  # the verdict's line takes a while: the hook waits it out
+
+    def write(self, text):
+      time.sleep(0.2)
+      return super().write(text)
+
+  client, exits, stream, printed = FakeClient(), [], SlowStream(), []
   wd = watchdog.Watchdog(client, 1, 2, timeout=0.3, interval=0.05, exit_fn=exits.append,
                          stream=stream)
   hook = wd.excepthook(lambda *a: printed.append(a[1]))

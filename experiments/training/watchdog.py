@@ -251,10 +251,14 @@ class Watchdog(threading.Thread):
     return hook
 
   def await_verdict(self) -> bool:
-    """Waits up to timeout + 2 intervals for the thread to stop the job; True if it did."""
+    """Waits up to timeout + 2 intervals for the thread to stop the job; True if it did.
+    A verdict is then waited out too (its line written, `exit_fn` called), so that the
+    caller does not go on into the interpreter's exit while the thread is still ending it."""
     deadline = self.clock() + self.timeout + 2 * self.interval
     while not self._ended and self.clock() < deadline and self.is_alive():
       time.sleep(min(self.interval, 0.05))
+    if self._ended and self.is_alive() and threading.current_thread() is not self:
+      self.join(timeout=self.timeout + 2 * self.interval)
     return self._ended
 
   def on_exit(self):
