@@ -129,6 +129,8 @@ def wandb_records(path):
       pos += 32768 - pos % 32768
       continue
     crc, n, kind = struct.unpack('<IHB', data[pos:pos + 7])
+    if pos + 7 + n > len(data):  # a chunk still being written
+      break
     chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
     assert zlib.crc32(bytes([kind]) + chunk) == crc
     buf += chunk
@@ -136,6 +138,17 @@ def wandb_records(path):
       out.append(wandb_internal_pb2.Record.FromString(buf))
       buf = b''
   return out
+
+
+def finished_records(path, timeout=60.0):
+  """The records once the run's exit record is on disk: `finish` returns before W&B's core
+  process has written everything (a loaded CI host once read a file with no records yet)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    records = wandb_records(path)
+    if any(r.WhichOneof('record_type') == 'exit' for r in records) or time.monotonic() > deadline:
+      return records
+    time.sleep(0.1)
 
 
 def test_wandb_offline_run_read_back(tmp_path, offline_wandb):
@@ -146,7 +159,7 @@ def test_wandb_offline_run_read_back(tmp_path, offline_wandb):
   print(f'W&B offline: init + {len(ROWS)} rows + finish {wall:.2f} s')
   runs = glob.glob(str(tmp_path / 'wandb' / 'offline-run-*' / 'run-*.wandb'))
   assert len(runs) == 1, runs
-  records = wandb_records(runs[0])
+  records = finished_records(runs[0])
   run, = [r.run for r in records if r.WhichOneof('record_type') == 'run']
   assert (run.project, run.display_name, run.run_group) == ('test', 'grpo:iid/seed0', 'grpo:iid')
   assert {u.key: json.loads(u.value_json) for u in run.config.update}['optimizer.lr'] == 3e-4
