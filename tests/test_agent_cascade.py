@@ -64,12 +64,12 @@ def check_varied(ep):
 @pytest.mark.parametrize("policy", ["mha", pytest.param("gqa", marks=pytest.mark.slow)])
 def test_sample_episodes_cascade_equals_rows(policy, request):
   params, pcfg = request.getfixturevalue(policy)
-  rows = ags.sample_episodes(params, pcfg, MDP, KEY, B, G, temperature=1.0)
+  rows = ags.sample_episodes(params, pcfg, MDP, KEY, B, G, temperature=1.0, layout="rows")
   cascade = ags.sample_episodes(params, pcfg, MDP, KEY, B, G, temperature=1.0, layout="cascade")
   check_varied(rows)
   print(f"{policy} sampled: max |logprob diff| = {check_same(cascade, rows):.2e}")
   size = ags.sample_episodes._cache_size()
-  rows = ags.sample_episodes(params, pcfg, MDP, KEY, B, G, temperature=0.0)
+  rows = ags.sample_episodes(params, pcfg, MDP, KEY, B, G, temperature=0.0, layout="rows")
   cascade = ags.sample_episodes(params, pcfg, MDP, KEY, B, G, temperature=0.0, layout="cascade")
   assert ags.sample_episodes._cache_size() == size  # temperature is traced in both layouts
   # Greedy: every trajectory of a group is the same.
@@ -79,7 +79,7 @@ def test_sample_episodes_cascade_equals_rows(policy, request):
 
 def test_fork_episodes_cascade_equals_rows(mha):
   params, pcfg = mha
-  rows = ags.fork_episodes(params, pcfg, MDP, KEY, B, N, C, FORK_TURN)
+  rows = ags.fork_episodes(params, pcfg, MDP, KEY, B, N, C, FORK_TURN, layout="rows")
   cascade = ags.fork_episodes(params, pcfg, MDP, KEY, B, N, C, FORK_TURN, layout="cascade")
   check_varied(rows)
   # Forks sample their own continuations after the fork turn (some of the C differ).
@@ -130,6 +130,6 @@ def test_unknown_layout_raises(mha):
   assert ags.LAYOUTS == ("rows", "cascade")
 
 
-def test_default_layout_is_rows():
+def test_default_layout_is_cascade():
   for sampler in (ags.sample_episodes, ags.fork_episodes):
-    assert inspect.signature(sampler).parameters["layout"].default == "rows"
+    assert inspect.signature(sampler).parameters["layout"].default == "cascade"

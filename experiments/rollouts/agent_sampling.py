@@ -10,17 +10,17 @@ running on padding (static shapes). `fork_episodes` samples N chains per start
 state and, at turn boundary k, forks each into C continuations by copying env
 state and KV cache (tree sampling over turns).
 
-KV-cache layouts (`LAYOUTS`, the samplers' static `layout`). 'rows' (default): a
+KV-cache layouts (`LAYOUTS`, the samplers' static `layout`). 'rows': a
 `decoder.KVCache` per row; the chunk runs at the start of the next turn, the first
 observation obs0 in turn 0's (no separate prefill: the turn body holds the only two
 decoder calls, but every row of a group holds and reads its own copy of obs0).
-'cascade': a `decoder.CascadeCache`; obs0 is prefilled once per group into its B
-prefixes (the first action's logits are the prefill's last), the rows' actions and
-observations go to their own slots (own slot i = position O + i; each observation's
-chunk at the end of its turn, the last turn's unused), and every decode step reads a
-group's obs0 once for its G rows (`decoder.cascade_attention`); a fork copies the own
-slots only. Both give the same episodes up to float rounding
-(tests/test_agent_cascade.py).
+'cascade' (default, as in the token samplers): a `decoder.CascadeCache`; obs0 is
+prefilled once per group into its B prefixes (the first action's logits are the
+prefill's last), the rows' actions and observations go to their own slots (own slot
+i = position O + i; each observation's chunk at the end of its turn, the last turn's
+unused), and every decode step reads a group's obs0 once for its G rows
+(`decoder.cascade_attention`); a fork copies the own slots only. Both give the same
+episodes up to float rounding (tests/test_agent_cascade.py).
 
 Layout. A trajectory is ONE token sequence of static length T = O + K (A + O):
 the initial observation [0, O), then for turn k an action slot
@@ -454,7 +454,7 @@ def _check(pcfg, env, num_groups, group_size, k):
 def sample_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
                     group_size: int, temperature=1.0, *, num_turns: Optional[int] = None,
                     start=None, vocab: Optional[VocabMap] = None,
-                    layout: str = "rows") -> Episodes:
+                    layout: str = "cascade") -> Episodes:
   """G i.i.d. trajectories from each of B start states: Episodes [B, G, ...].
 
   K = num_turns (default env.max_turns) turns, static; the env's own limit still
@@ -463,8 +463,8 @@ def sample_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: in
   levels from `env.reset`) instead of `env.reset(fold_in(key, 0), B)`.
   vocab: a `VocabMap` when the policy has its own vocabulary (a pretrained LM); the
   trajectory's tokens are then policy tokens.
-  layout (static, `LAYOUTS`): the KV cache, 'rows' (each row's own, obs0 included) or
-  'cascade' (obs0 once per group; module docstring). Same episodes up to float rounding.
+  layout (static, `LAYOUTS`): the KV cache, 'cascade' (obs0 once per group; module
+  docstring) or 'rows' (each row's own, obs0 included). Same episodes up to float rounding.
   parent = -1 and fork_turn = 0 everywhere.
   """
   _check_layout(layout)
@@ -498,7 +498,7 @@ def fork_layout(num_chains: int, num_forks: int, fork_turn: int):
 def fork_episodes(params, pcfg: decoder.PolicyConfig, env, key, num_groups: int,
                   num_chains: int, num_forks: int, fork_turn: int, temperature=1.0, *,
                   num_turns: Optional[int] = None, start=None,
-                  vocab: Optional[VocabMap] = None, layout: str = "rows") -> Episodes:
+                  vocab: Optional[VocabMap] = None, layout: str = "cascade") -> Episodes:
   """Tree sampling over turns: Episodes [B, G = N C, ...] with parent and fork_turn.
 
   Per start state, N chains run turns [0, fork_turn); each row (env state, KV
