@@ -1,9 +1,12 @@
 """Wall-clock saving of `sample_tree_fixed` against `sample_iid` at equal G, vs the ideal;
-and (--case layouts) the i.i.d. sampler's cache layouts, 'cascade' against 'rows'.
+(--case layouts) the i.i.d. sampler's cache layouts, 'cascade' against 'rows'; and
+(--case tree_layouts) `sample_tree_fixed`'s, 'cascade' against 'cascade_tree'.
 
 Run: python -m experiments.bench_sampling [--batches 64,256] [--repeats 11]
      python -m experiments.bench_sampling --case layouts [--models smollm2,toy]
          [--prompt_lens 512] [--groups 4,8,16] [--num_prompts 2] [--length 16] [--repeats 3]
+     python -m experiments.bench_sampling --case tree_layouts [--models smollm2,toy]
+         [--prompt_lens 512] [--branching 2,2,2] [--segment_len 32] [--length 96]
 
 Layouts (issue 41; `sampling.LAYOUTS`): 'rows' repeats each prompt's KV cache for its G
 responses (each decode step reads the prompt G times), 'cascade' keeps it once
@@ -43,6 +46,7 @@ Definitions
 """
 
 import argparse
+import dataclasses
 import functools
 import math
 import time
@@ -172,26 +176,94 @@ def main_layouts(a):
               f'{r["decode_ratio"]:>6.2f} | {r["flips"]}/{a.num_prompts * g}', flush=True)
 
 
+def tree_slots_read(num_prompts, prompt_len, branching, segment_len, length, layout):
+  """KV slots a whole `sample_tree_fixed` decode reads (sum over steps of each row's group's
+  prompt once, plus its own slots; with 'cascade_tree' each node's segment once per step
+  instead of once per leaf): the bytes' analytic count over one slot's bytes. 'cascade' is
+  counted without phases (each step reads the rows' L own slots, `decode_window` 0)."""
+  own = sampling.tree_own_lens(len(branching), segment_len, length)
+  total = 0
+  for level in range(len(branching)):
+    rows = num_prompts * math.prod(branching[:level + 1])
+    steps = own[level] if level < len(branching) - 1 else length - level * segment_len
+    if layout == 'cascade_tree':
+      segs = sum(num_prompts * math.prod(branching[:j + 1]) * segment_len for j in range(level))
+      per_step = num_prompts * prompt_len + segs + rows * own[level]
+    else:
+      per_step = num_prompts * prompt_len + rows * length
+    total += steps * per_step
+  return total
+
+
+def bench_tree_layouts(model='smollm2', prompt_len=512, branching=(2, 2, 2), segment_len=32,
+                       length=96, num_prompts=2, repeats=3, seed=0):
+  """Times `sample_tree_fixed` (one program) with layouts 'cascade' and 'cascade_tree'."""
+  cfg = dataclasses.replace(layout_config(model, prompt_len + length), decode_window=0)
+  params = jax.jit(decoder.init_params, static_argnums=1)(jax.random.PRNGKey(seed), cfg)
+  prompts = jax.random.randint(jax.random.PRNGKey(seed + 1), (num_prompts, prompt_len), 0,
+                               cfg.vocab_size)
+  run = lambda layout: jax.block_until_ready(sampling.sample_tree_fixed(
+      params, cfg, jax.random.PRNGKey(seed + 2), prompts, branching, segment_len, length,
+      layout=layout))
+  layouts = ('cascade', 'cascade_tree')
+  first = {lay: run(lay) for lay in layouts}  # compiles
+  flips = int(np.any(first['cascade'].tokens != first['cascade_tree'].tokens, axis=-1).sum())
+  times = {lay: [] for lay in layouts}
+  for i in range(repeats):
+    for lay in layouts[::1 if i % 2 else -1]:
+      t0 = time.perf_counter()
+      run(lay)
+      times[lay].append(time.perf_counter() - t0)
+  t = {lay: np.array(x) for lay, x in times.items()}
+  slots = {lay: tree_slots_read(num_prompts, prompt_len, branching, segment_len, length, lay)
+           for lay in layouts}
+  return dict(t={lay: np.median(x) for lay, x in t.items()},
+              ratio=np.median(t['cascade'] / t['cascade_tree']),
+              slots_ratio=slots['cascade_tree'] / slots['cascade'], flips=flips,
+              rows=num_prompts * math.prod(branching))
+
+
+def main_tree_layouts(a):
+  branching = tuple(int(x) for x in a.branching.split(','))
+  print(f'sample_tree_fixed, cascade vs cascade_tree: B={a.num_prompts} branching={branching} '
+        f'S={a.segment_len} L={a.length} repeats={a.repeats} backend={jax.default_backend()} '
+        f'devices={jax.device_count()}')
+  print(f'{"model":>8} {"P":>5} | {"s cascade":>9} {"cascade_tree":>12} {"ratio":>6} | '
+        f'{"KV slots read, tree / cascade":>29} | flipped rows')
+  for model in a.models.split(','):
+    for p in (int(x) for x in a.prompt_lens.split(',')):
+      r = bench_tree_layouts(model, p, branching, a.segment_len, a.length, a.num_prompts,
+                             a.repeats)
+      print(f'{model:>8} {p:>5} | {r["t"]["cascade"]:>9.2f} {r["t"]["cascade_tree"]:>12.2f} '
+            f'{r["ratio"]:>6.2f} | {r["slots_ratio"]:>29.3f} | {r["flips"]}/{r["rows"]}',
+            flush=True)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument('--case', default='tree', choices=('tree', 'layouts'),
-                  help="'tree': tree vs iid (the flags below); 'layouts': cascade vs rows")
+  ap.add_argument('--case', default='tree', choices=('tree', 'layouts', 'tree_layouts'),
+                  help="'tree': tree vs iid (the flags below); 'layouts': cascade vs rows; "
+                       "'tree_layouts': sample_tree_fixed's cascade vs cascade_tree")
   ap.add_argument('--models', default='smollm2,toy', help='layouts: smollm2, toy')
   ap.add_argument('--prompt_lens', default='512', help='layouts: prompt lengths')
   ap.add_argument('--groups', default='4,8,16', help='layouts: G values')
   ap.add_argument('--num_prompts', type=int, default=2, help='layouts: B')
   ap.add_argument('--batches', default='64,256')
   ap.add_argument('--branching', default='2,2,2')
-  ap.add_argument('--segment_len', type=int, default=8)
+  ap.add_argument('--segment_len', type=int, default=None, help='default 8; tree_layouts 32')
   ap.add_argument('--length', type=int, default=None, help='L (default 24; layouts 16)')
   ap.add_argument('--prompt_len', type=int, default=8)
   ap.add_argument('--repeats', type=int, default=None, help='default 11; layouts 3')
   a = ap.parse_args()
   layouts = a.case == 'layouts'
-  a.length = a.length or (16 if layouts else 24)
+  tree_layouts = a.case == 'tree_layouts'
+  a.length = a.length or (16 if layouts else 96 if tree_layouts else 24)
+  a.segment_len = a.segment_len or (32 if tree_layouts else 8)
   a.repeats = a.repeats or (3 if layouts else 11)
   if layouts:
     return main_layouts(a)
+  if a.case == 'tree_layouts':
+    return main_tree_layouts(a)
   branching = tuple(int(x) for x in a.branching.split(','))
   print(f'branching={branching} segment_len={a.segment_len} L={a.length} P={a.prompt_len} '
         f'G={math.prod(branching)} repeats={a.repeats} backend={jax.default_backend()}')

@@ -290,6 +290,13 @@ def _mesh_check():
       state = sampling._start(placed, jax.device_put(prompts, rows), u,
                               jnp.full((b,), P, jnp.int32), cfg=cfg, pad_id=PAD)
     check_same_samples(got, want, 2e-5)
+    # The tree layout's segment levels ([B * nodes, S]) and rebased own slots on the mesh.
+    tree = lambda p, x, layout: sampling.sample_tree_fixed(p, cfg, KEY, x, (2, 2), 3, L,
+                                                           layout=layout, **kw)
+    want_tree = tree(params, prompts, 'rows')
+    with jax.set_mesh(mesh):
+      got_tree = tree(placed, jax.device_put(prompts, rows), 'cascade_tree')
+    check_same_samples(got_tree, want_tree, 2e-5)
     spec = NamedSharding(mesh, Spec(None, ('data', 'fsdp'), None, 'model', None))
     for x in jax.tree.leaves(state.cache):  # prefixes and own rows: over the mesh
       assert x.sharding.is_equivalent_to(spec, 5), (name, x.shape, x.sharding)

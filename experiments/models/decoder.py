@@ -139,6 +139,38 @@ class CascadeCache:
   window: Optional[int] = struct.field(pytree_node=False, default=None)
 
 
+@struct.dataclass
+class TreeCache:
+  """Multi-level cascade KV cache of a tree whose levels fork at static positions
+  (`sampling.sample_tree_fixed`, layout 'cascade_tree'): Hydragen's shared-prefix split
+  (arXiv 2402.05099) applied once per tree level, each level one more shared part.
+
+  `prefix_k` / `prefix_v` [num_layers, B, P, K, Dh]: B prompts once, as `CascadeCache`.
+  `seg_k` / `seg_v`: one array per finished tree level j, [num_layers, N_j, S_j, K, Dh], its
+  N_j nodes' response segments once each; node n is the ancestor of the R / N_j consecutive
+  rows from n * R / N_j (node-major rows, as `sampling.fork_tree` repeats them), and its slot
+  i holds position start + (S_0 + ... + S_{j-1}) + i. `k` / `v` [num_layers, R, W, K, Dh]:
+  each row's own tokens after its last fork, slot i at position start + `offset` + i. A call
+  passes `start` [R] as for a `CascadeCache` (prefix slots < start visible); every segment
+  slot is visible (a row that reached a fork filled its segment; one that did not is done,
+  and its outputs are not used). Writes past the W own slots are dropped (a row stalled at
+  its level's end rewrites the slot after it). `window` (static): a call attends over own
+  slots [0, window) only, as `CascadeCache.window` (the decode's phases).
+  """
+  prefix_k: jax.Array
+  prefix_v: jax.Array
+  seg_k: tuple
+  seg_v: tuple
+  k: jax.Array
+  v: jax.Array
+  window: Optional[int] = struct.field(pytree_node=False, default=None)
+
+  @property
+  def offset(self) -> int:
+    """The response index of own slot 0: the last fork's position (static)."""
+    return sum(x.shape[2] for x in self.seg_k)
+
+
 def init_cascade_cache(cfg: PolicyConfig, num_prefixes: int, prefix_len: int, rows: int,
                        row_len: int) -> CascadeCache:
   """Zero `CascadeCache`: num_prefixes x prefix_len shared slots, rows x row_len own ones."""
@@ -363,6 +395,45 @@ def cascade_attention(q, prefix_k, prefix_v, keys, values, start, slots, cfg: 'P
   return out.reshape(r, t, cfg.num_heads, dh).astype(cfg.dtype)
 
 
+def _shared_part(q, keys, values, visible, cfg: 'PolicyConfig'):
+  """`_attention_part` of rows q [R, T, H, Dh] over keys / values [N, S, K, Dh] that each
+  run of R / N consecutive rows shares: one batched matmul per (key row, kv head), so each
+  key row is read once, not R / N times (Hydragen). visible broadcasts to
+  [N, R / N, T, K, H / K, S] -> (out [R, T, K, H / K, Dh], max, sum [R, T, K, H / K, 1])."""
+  r, t = q.shape[:2]
+  n, kh, rep, dh = keys.shape[0], cfg.kv_heads, cfg.num_heads // cfg.kv_heads, cfg.head_dim
+  qg = q.reshape(n, r // n, t, kh, rep, dh)  # Query head = kv head * rep + r, as `attention`.
+  s = jnp.einsum('bgtkrd,bskd->bgtkrs', qg, keys).astype(jnp.float32)
+  s = s / jnp.sqrt(jnp.float32(dh))
+  parts = _attention_part(s, values, visible, cfg, 'bgtkrs,bskd->bgtkrd')
+  return tuple(x.reshape((r,) + x.shape[2:]) for x in parts)
+
+
+def tree_attention(q, prefix_k, prefix_v, seg_k, seg_v, keys, values, start, slots,
+                   cfg: 'PolicyConfig'):
+  """`cascade_attention` with a shared part per tree level (a `TreeCache`'s; Hydragen,
+  arXiv 2402.05099, its prefix split applied at every level): q [R, T, H, Dh], prefix_k /
+  prefix_v [B, P, K, Dh], seg_k / seg_v tuples of [N_j, S_j, K, Dh] (all slots visible),
+  keys / values [R, W, K, Dh] (own slots <= a query's visible), start [R], slots [R, T]
+  -> [R, T, H, Dh]. Each part gives (o, m, l) (`_attention_part`) and all merge exactly
+  by log-sum-exp: o = sum_i a_i o_i / sum_i a_i l_i, a_i = exp(m_i - max_j m_j)."""
+  r, t = q.shape[:2]
+  b, p = prefix_k.shape[:2]
+  kh, rep, dh = cfg.kv_heads, cfg.num_heads // cfg.kv_heads, cfg.head_dim
+  vis_p = (jnp.arange(p) < start[:, None]).reshape(b, r // b, 1, 1, 1, p)
+  parts = [_shared_part(q, prefix_k, prefix_v, vis_p, cfg)]
+  parts += [_shared_part(q, k, v, jnp.bool_(True), cfg) for k, v in zip(seg_k, seg_v)]
+  s_s = jnp.einsum('rtkqd,rskd->rtkqs', q.reshape(r, t, kh, rep, dh), keys)
+  s_s = s_s.astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
+  vis_s = (jnp.arange(keys.shape[1]) <= slots[..., None])[:, :, None, None]
+  parts.append(_attention_part(s_s, values, vis_s, cfg, 'rtkqs,rskd->rtkqd'))
+  m = functools.reduce(jnp.maximum, [m_i for _, m_i, _ in parts])
+  a = [jnp.exp(m_i - m) for _, m_i, _ in parts]
+  out = sum(a_i * o_i for a_i, (o_i, _, _) in zip(a, parts))
+  out = out / sum(a_i * l_i for a_i, (_, _, l_i) in zip(a, parts))
+  return out.reshape(r, t, cfg.num_heads, dh).astype(cfg.dtype)
+
+
 def block_attention(q, k, v, pair_q, pair_k, mask, cfg: 'PolicyConfig'):
   """Block-sparse softmax attention over a sorted list of block pairs.
 
@@ -521,6 +592,7 @@ def cached_attention(q, k, v, positions, cache, layer, start, cfg: 'PolicyConfig
   slots. A `CascadeCache` without `start`: the call's rows are its prefixes, written at
   slots [0, T) (a prefill), attending within the call; with `start` [B]: the rows' own
   keys written at slots positions - start, `cascade_attention` over prefix and own slots.
+  A `TreeCache` (with `start`): own slots positions - start - offset, `tree_attention`.
   Caches [layers, rows, slots, K, Dh] keep rows over ('data', 'fsdp'), kv heads over 'model'.
   """
   if cache is None:  # Attend within the call: key s visible iff pos[s] <= pos[t].
@@ -532,6 +604,17 @@ def cached_attention(q, k, v, positions, cache, layer, start, cfg: 'PolicyConfig
   set_ = lambda c, a, slots: c.at[layer, rows, slots].set(a.astype(c.dtype))
   place = lambda c: jax.tree.map(lambda x: constrain(x, (None, 'rows', None, 'kv_heads', None)),
                                  c)
+  if isinstance(cache, TreeCache):
+    if start is None:
+      raise ValueError('a TreeCache is prefilled as a CascadeCache (sampling.start)')
+    slots = positions - start[:, None] - cache.offset
+    own = lambda c, a: c.at[layer, rows, slots].set(a.astype(c.dtype), mode='drop')
+    cache = place(cache.replace(k=own(cache.k, k), v=own(cache.v, v)))
+    at = lambda xs: tuple(x[layer] for x in xs)
+    own = slice(None, cache.window)  # the phase's filled slots (all when window is None)
+    return tree_attention(q, cache.prefix_k[layer], cache.prefix_v[layer], at(cache.seg_k),
+                          at(cache.seg_v), cache.k[layer][:, own], cache.v[layer][:, own],
+                          start, slots, cfg), cache
   if isinstance(cache, CascadeCache) and start is None:
     cache = cache.replace(prefix_k=put(cache.prefix_k, k, 1), prefix_v=put(cache.prefix_v, v, 1))
     return causal_attention(q, k, v, positions, cfg), place(cache)
@@ -772,7 +855,8 @@ def prefill(params, cfg: PolicyConfig, prompts, cache: Optional[KVCache] = None)
 def decode_step(params, cfg: PolicyConfig, cache, tokens, positions, start=None):
   """One token per row: tokens, positions [B] -> (next-token logits [B, V], cache).
 
-  cache: a `KVCache`, or a `CascadeCache` with `start` [B] (the rows' first own positions).
+  cache: a `KVCache`, or a `CascadeCache` / `TreeCache` with `start` [B] (the rows'
+  positions of own slot 0, less a `TreeCache`'s offset).
   """
   args = (cache,) if start is None else (cache, start)
   logits, cache = apply(params, cfg, tokens[:, None], positions[:, None], *args)

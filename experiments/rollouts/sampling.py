@@ -37,6 +37,7 @@ Building blocks (pure, composable): `response_uniforms` (all randomness, up
 front), `start` (prefill once per prompt; the cache keeps it once for its responses,
 layout 'cascade', or repeats it per response, layout 'rows'), `decode` (one-token steps
 until `stop`), `fork` (copy rows and their own caches, truncated at fork positions),
+`fork_tree` (layout 'cascade_tree': a tree level's rows and segments),
 fork policies returning `(source, position)` arrays, and `to_samples`.
 
 Cache layouts (`LAYOUTS`, a sampler's `layout` argument; None = `DEFAULT_LAYOUT`,
@@ -45,7 +46,10 @@ own tokens per row ([B * G, L]); a decode step attends to both and merges the tw
 softmax parts exactly by their maxima and sums (`decoder.cascade_attention`, Hydragen),
 the prompt part one batched matmul over the G rows that share it. 'rows' gives each row
 a whole cache of cfg.max_len slots (the prompt read G times per step). Both give the
-same samples up to float rounding (tests/test_cascade_decode.py).
+same samples up to float rounding (tests/test_cascade_decode.py). 'cascade_tree'
+(`sample_tree_fixed` only, `TREE_LAYOUTS`) adds one shared level per tree level
+(`decoder.TreeCache`): each node's segment is kept and read once, each row's own slots
+hold only its tokens after its last fork (tests/test_tree_cascade.py).
 """
 
 import dataclasses
@@ -85,7 +89,7 @@ class Rollout:
   Row r feeds `token` at position `prompt_len + index - 1` and samples response
   token `index` next, using `uniforms[r, index]`.
   """
-  cache: 'decoder.KVCache | decoder.CascadeCache'  # [num_layers, R, S, K, Dh] or cascade
+  cache: 'decoder.KVCache | decoder.CascadeCache | decoder.TreeCache'  # see `LAYOUTS`
   uniforms: jax.Array     # [R, L] f32, the row's response's uniform stream
   prompt_len: jax.Array   # [R] int32
   prompt_last: jax.Array  # [R] int32, last prompt token
@@ -230,7 +234,11 @@ def place_cache(cache):
 def map_cache_rows(fn, cache, *others):
   """fn(x, *ys) on the per-row arrays [layers, R, ...] of a cache (and of `others`, caches
   of the same kind): all of a `KVCache`, the own rows of a `CascadeCache` (its shared
-  prefixes, those of `cache`, are kept as they are)."""
+  prefixes, those of `cache`, are kept as they are). A `decoder.TreeCache`'s rows are only
+  forked by `fork_tree`."""
+  if isinstance(cache, decoder.TreeCache):
+    raise ValueError("the rows of a 'cascade_tree' cache (decoder.TreeCache) fork only at "
+                     "the tree's static levels: sampling.fork_tree (sample_tree_fixed)")
   if isinstance(cache, decoder.CascadeCache):
     return cache.replace(k=fn(cache.k, *(o.k for o in others)),
                          v=fn(cache.v, *(o.v for o in others)))
@@ -280,13 +288,17 @@ def row_uniforms(key, prompt_ids, response_ids, length: int):
 
 # KV cache layouts of a Rollout: 'cascade' keeps each prompt once and each row's own
 # tokens per row (`decoder.CascadeCache`; decode reads a prompt once per step for its G
-# rows, Hydragen), 'rows' a full cache per row (`decoder.KVCache`; the prompt G times).
-LAYOUTS = ('cascade', 'rows')
+# rows, Hydragen), 'rows' a full cache per row (`decoder.KVCache`; the prompt G times),
+# 'cascade_tree' (`TREE_LAYOUTS`: `sample_tree_fixed` only, `fork_tree`)
+# also each tree node's segment once (`decoder.TreeCache`).
+LAYOUTS = ('cascade', 'rows', 'cascade_tree')
+TREE_LAYOUTS = ('cascade_tree',)
 DEFAULT_LAYOUT = 'cascade'
 
 
 def start(params, cfg: decoder.PolicyConfig, prompts, uniforms, *, prompt_len=None,
-          pad_id: int = 0, layout: str = DEFAULT_LAYOUT) -> Rollout:
+          pad_id: int = 0, layout: str = DEFAULT_LAYOUT,
+          own_len: Optional[int] = None) -> Rollout:
   """Prefills prompts [B, P] once into the cache of all their responses.
 
   uniforms: [B, n, L] (see `response_uniforms`). Returns a Rollout of R = B * n
@@ -299,6 +311,8 @@ def start(params, cfg: decoder.PolicyConfig, prompts, uniforms, *, prompt_len=No
   keys and values, n times, straight into it. (Building a B-row cache and repeating it
   made the compiled program hold gathered copies of the whole cache: measured with
   experiments/compile_tpu.py, Llama-3.1-8B, 32 prompts x 8 on a v5e-16.)
+  Layout 'cascade_tree' (`sample_tree_fixed`'s): a `decoder.TreeCache` without segments
+  whose rows have `own_len` own slots (`tree_own_lens`; `fork_tree` adds the levels).
   """
   b, p = prompts.shape
   n, l = uniforms.shape[1:]
@@ -306,12 +320,18 @@ def start(params, cfg: decoder.PolicyConfig, prompts, uniforms, *, prompt_len=No
     raise ValueError(f'P + L = {p + l} > max_len = {cfg.max_len}')
   if layout not in LAYOUTS:
     raise ValueError(f'layout {layout!r} not in {LAYOUTS}')
+  if own_len is not None and (layout == 'rows' or not 0 < own_len <= l):
+    raise ValueError(f'own_len {own_len}: a cascade layout\'s own slots, in [1, L = {l}]; '
+                     f'layout {layout!r}')
   prompt_len = (jnp.full((b,), p, jnp.int32) if prompt_len is None
                 else jnp.asarray(prompt_len, jnp.int32))
   r = b * n
-  empty = (decoder.init_cascade_cache(cfg, b, p, r, l) if layout == 'cascade'
+  empty = (decoder.init_cascade_cache(cfg, b, p, r, own_len or l) if layout != 'rows'
            else decoder.init_cache(cfg, r))
   _, cache = decoder.prefill(params, cfg, prompts, place_cache(empty))
+  if layout in TREE_LAYOUTS:
+    cache = decoder.TreeCache(prefix_k=cache.prefix_k, prefix_v=cache.prefix_v, seg_k=(),
+                              seg_v=(), k=cache.k, v=cache.v)
   # Row b * n + j <- prompt b: a broadcast (jnp.repeat), not a gather; see `place_rows`.
   rep = lambda x: jnp.repeat(x, n, axis=0, total_repeat_length=r)
   last = jnp.take_along_axis(prompts, (prompt_len - 1)[:, None], axis=1)[:, 0]
@@ -328,6 +348,36 @@ def start(params, cfg: decoder.PolicyConfig, prompts, uniforms, *, prompt_len=No
       logprobs=jnp.zeros((r, l), jnp.float32),
       entropy=jnp.zeros((r, l), jnp.float32),
       mask=jnp.zeros((r, l), bool)))
+
+
+def tree_own_lens(num_levels: int, segment_len: int, length: int) -> tuple:
+  """Own slots of a 'cascade_tree' row at each level of `sample_tree_fixed`: segment_len
+  before the last level (its slots become the level's segment), then the response's rest,
+  length - (num_levels - 1) * segment_len."""
+  return (segment_len,) * (num_levels - 1) + (length - (num_levels - 1) * segment_len,)
+
+
+def fork_tree(state: Rollout, n: int, own_len: int, uniforms, *, pad_id: int = 0) -> Rollout:
+  """`fork` of every row of a 'cascade_tree' Rollout into n children (row i -> rows
+  i * n + c) at its own slots' end, the next level's start: the rows' own slots become the
+  tree's next segment level as they are, one entry per node (no copy), and the children
+  get `own_len` fresh own slots from there (`decoder.TreeCache`, Hydragen arXiv 2402.05099).
+  uniforms [R * n, L]. Every row must have filled its own slots or be done (as
+  `sample_tree_fixed`'s levels do)."""
+  cache = state.cache
+  if not isinstance(cache, decoder.TreeCache):
+    raise ValueError(f'fork_tree forks a decoder.TreeCache, got {type(cache).__name__}')
+  position = cache.offset + cache.k.shape[2]
+  if position + own_len > state.tokens.shape[1]:
+    raise ValueError(f'children at {position} with {own_len} own slots pass L = '
+                     f'{state.tokens.shape[1]}')
+  rows = cache.k.shape[1] * n
+  fresh = jnp.zeros(cache.k.shape[:1] + (rows, own_len) + cache.k.shape[3:], cache.k.dtype)
+  cache = cache.replace(seg_k=cache.seg_k + (cache.k,), seg_v=cache.seg_v + (cache.v,),
+                        k=fresh, v=fresh)
+  s = fork(state.replace(cache=None), n, jnp.full((rows,), position, jnp.int32), uniforms,
+           pad_id=pad_id)
+  return s.replace(cache=place_cache(cache))
 
 
 def decode_windows(cfg: decoder.PolicyConfig, length: int, cascade: bool = True) -> tuple:
@@ -349,9 +399,10 @@ def decode(params, cfg: decoder.PolicyConfig, state: Rollout, stop, *,
   compute is wasted as in any lockstep decoder, and the only cache slot they
   rewrite is their current position, with their current token.
 
-  Phases (`decode_windows`, a `CascadeCache` only): the loop runs once per phase, rows
-  stopping at its end w, each step attending over own slots [0, w) instead of all L, so a
-  step reads about half the rows' slots on average (issue 41). The rows' results are the
+  Phases (`decode_windows`, a `CascadeCache` or `TreeCache` only): the loop runs once per
+  phase, rows stopping at its end w, each step attending over own slots [0, w) instead of
+  all L (a `TreeCache`: all W of its level), so a step reads about half the rows' slots on
+  average (issue 41). The rows' results are the
   same up to float rounding (fewer zero terms in each sum) and no row takes more steps:
   every phase ends when its slowest row reaches w, where it would be anyway.
   """
@@ -360,7 +411,8 @@ def decode(params, cfg: decoder.PolicyConfig, state: Rollout, stop, *,
 
   def body(s, limit):
     act = ~s.done & (s.index < limit)
-    start = s.prompt_len - 1 if isinstance(s.cache, decoder.CascadeCache) else None
+    cascade = isinstance(s.cache, (decoder.CascadeCache, decoder.TreeCache))
+    start = s.prompt_len - 1 if cascade else None
     logits, cache = decoder.decode_step(
         params, cfg, s.cache, s.token, s.prompt_len + s.index - 1, start)
     logp, ent = decoder.log_softmax_entropy(logits)
@@ -380,9 +432,13 @@ def decode(params, cfg: decoder.PolicyConfig, state: Rollout, stop, *,
         entropy=jnp.where(write, ent[:, None], s.entropy),
         mask=s.mask | write)
 
-  for end in decode_windows(cfg, length, isinstance(state.cache, decoder.CascadeCache)):
-    limit = stop if end == length else jnp.minimum(stop, end)
-    window = None if end == length else end
+  # Phases over the own slots: [0, L) of a CascadeCache, [0, W) of a TreeCache's level,
+  # which start at response index `offset` (its last fork).
+  tree = isinstance(state.cache, decoder.TreeCache)
+  offset, own = (state.cache.offset, state.cache.k.shape[2]) if tree else (0, length)
+  for end in decode_windows(cfg, own, tree or isinstance(state.cache, decoder.CascadeCache)):
+    limit = stop if end == own else jnp.minimum(stop, offset + end)
+    window = None if end == own else end
     s = state.replace(cache=state.cache.replace(window=window)) if window else state
     s = jax.lax.while_loop(lambda s: jnp.any(~s.done & (s.index < limit)),
                            functools.partial(body, limit=limit), s)
@@ -471,9 +527,14 @@ _uniforms_jit = jax.jit(response_uniforms, static_argnames='length')
 _to_samples = jax.jit(to_samples, static_argnums=1)
 
 
-def _layout(layout: Optional[str]) -> str:
-  """A sampler's cache layout: `DEFAULT_LAYOUT` (read when called) for None."""
-  return DEFAULT_LAYOUT if layout is None else layout
+def _layout(layout: Optional[str], sampler: str) -> str:
+  """`sampler`'s cache layout: `DEFAULT_LAYOUT` (read when called) for None; a
+  `TREE_LAYOUTS` one only for sample_tree_fixed (its forks at static positions)."""
+  layout = DEFAULT_LAYOUT if layout is None else layout
+  if layout in TREE_LAYOUTS and sampler != 'sample_tree_fixed':
+    raise ValueError(f'layout {layout!r} is sample_tree_fixed\'s only; {sampler} takes '
+                     f'{tuple(x for x in LAYOUTS if x not in TREE_LAYOUTS)}')
+  return layout
 
 
 @functools.partial(jax.jit, static_argnames=('cfg', 'pad_id', 'layout'))
@@ -496,7 +557,7 @@ def _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_sample
   u = _uniforms_jit(key, prompt_ids, np.arange(num_samples, dtype=np.int32),
                     length=max_new_tokens)
   state = _start(params, prompts, u, prompt_len, cfg=cfg, pad_id=pad_id,
-                 layout=_layout(layout))
+                 layout=_layout(layout, 'the i.i.d. chains (_chains)'))
   return _decode(params, state, max_new_tokens, knobs, cfg=cfg, eos_id=eos_id)
 
 
@@ -510,6 +571,7 @@ def sample_iid(params, cfg: decoder.PolicyConfig, key, prompts, num_samples: int
   its cache is kept once and read once per step for its G responses, with 'rows' it is
   repeated G times (`start`). parent = -1 and fork = 0 everywhere. temperature 0 = greedy.
   """
+  layout = _layout(layout, 'sample_iid')
   prompts, prompt_len, prompt_ids, knobs = _inputs(
       cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
   state = _chains(params, cfg, key, prompts, prompt_len, prompt_ids, knobs, num_samples,
@@ -570,7 +632,14 @@ def sample_tree_fixed(params, cfg: decoder.PolicyConfig, key, prompts,
   prod(branching). Layout, parent and fork as in `fixed_tree`, with fork
   clipped to the parent's length (a child forked after its parent's EOS is an
   identical copy of it). Needs (len(branching) - 1) * segment_len < L.
+
+  layout 'cascade_tree' (`TREE_LAYOUTS`, this sampler only): the prompt once per group,
+  each node's segment once (one shared cache level per tree level, `decoder.TreeCache`),
+  each leaf's own slots only its L - (len(branching) - 1) * segment_len tokens after its
+  last fork (`start`'s own_len, `fork_tree`; Hydragen, arXiv 2402.05099). Same samples as
+  'cascade' and 'rows' up to float rounding; decodes in phases over each level's own slots.
   """
+  layout = _layout(layout, 'sample_tree_fixed')
   branching = tuple(int(b) for b in branching)
   if not branching or min(branching) < 1 or segment_len < 1:
     raise ValueError(f'bad tree: branching={branching}, segment_len={segment_len}')
@@ -578,12 +647,12 @@ def sample_tree_fixed(params, cfg: decoder.PolicyConfig, key, prompts,
     raise ValueError('the last level would start at or after max_new_tokens')
   prompts, prompt_len, prompt_ids, knobs = _inputs(
       cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
-  b, l = prompts.shape[0], max_new_tokens
-  parent, fork_pos, level_ids = fixed_tree(branching, segment_len)
-  u = _uniforms_jit(key, prompt_ids, np.arange(len(parent), dtype=np.int32), length=l)
+  parent, _, _ = fixed_tree(branching, segment_len)
+  u = _uniforms_jit(key, prompt_ids, np.arange(len(parent), dtype=np.int32),
+                    length=max_new_tokens)
   return _tree_fixed(params, prompts, u, prompt_len, knobs, cfg=cfg, branching=branching,
                      segment_len=segment_len, eos_id=eos_id, pad_id=pad_id,
-                     layout=_layout(layout))
+                     layout=layout)
 
 
 @functools.partial(jax.jit, static_argnames=('cfg', 'branching', 'segment_len', 'eos_id',
@@ -597,10 +666,15 @@ def _tree_fixed(params, prompts, u, prompt_len, knobs, *, cfg, branching, segmen
   """
   b, l = prompts.shape[0], u.shape[-1]
   parent, fork_pos, level_ids = fixed_tree(branching, segment_len)
-  state = start(params, cfg, prompts, u[:, level_ids[0]], prompt_len=prompt_len, pad_id=pad_id,
-                layout=layout)
+  tree = layout in TREE_LAYOUTS  # a shared cache level per tree level, see `fork_tree`
+  own = tree_own_lens(len(branching), segment_len, l)
+  state = start(params, cfg, prompts, u[:, level_ids[0]], prompt_len=prompt_len,
+                pad_id=pad_id, layout=layout, own_len=own[0] if tree else None)
   for level in range(len(branching)):
-    if level > 0:
+    if level > 0 and tree:
+      state = fork_tree(state, branching[level], own[level],
+                        u[:, level_ids[level]].reshape(-1, l), pad_id=pad_id)
+    elif level > 0:
       position = jnp.full((state.tokens.shape[0] * branching[level],), level * segment_len,
                           jnp.int32)
       state = fork(state, branching[level], position, u[:, level_ids[level]].reshape(-1, l),
@@ -728,6 +802,7 @@ def sample_tree_forks(params, cfg: decoder.PolicyConfig, key, prompts, num_chain
   [0, length(source) - 1], so each fork re-samples a token the chain
   generated. G = N + K; parent = source, fork = position for children.
   """
+  layout = _layout(layout, 'sample_tree_forks')
   prompts, prompt_len, prompt_ids, knobs = _inputs(
       cfg, max_new_tokens, prompts, prompt_len, prompt_ids, temperature, top_k, top_p)
   b, l = prompts.shape[0], max_new_tokens
@@ -755,7 +830,8 @@ def sample_tree_entropy(params, cfg: decoder.PolicyConfig, key, prompts, num_cha
   G = num_chains * (1 + num_forks * num_continuations); responses [0, N) are
   the chains, then children ordered by (chain, fork, continuation). kwargs as
   in `sample_iid` (temperature, top_p, top_k, eos_id, pad_id, prompt_len,
-  prompt_ids).
+  prompt_ids, layout).
   """
+  _layout(kwargs.get('layout'), 'sample_tree_entropy')
   return sample_tree_forks(params, cfg, key, prompts, num_chains, max_new_tokens,
                            EntropyForks(num_forks, num_continuations, score), **kwargs)

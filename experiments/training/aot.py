@@ -283,9 +283,10 @@ class RLShape:
     if self.fsdp < 1 or self.model < 1:
       raise ValueError(f'fsdp={self.fsdp} and model={self.model} must be >= 1')
     from experiments.rollouts import sampling
-    if self.decode_layout not in (None, *sampling.LAYOUTS):
+    layouts = [x for x in sampling.LAYOUTS if x not in sampling.TREE_LAYOUTS]  # no tree_fixed
+    if self.decode_layout not in (None, *layouts):
       raise ValueError(f'decode_layout {self.decode_layout!r}: valid are '
-                       f'{", ".join(sampling.LAYOUTS)} (or None: the sampler\'s default)')
+                       f'{", ".join(layouts)} (or None: the sampler\'s default)')
 
   @property
   def full_pack_len(self) -> int:
