@@ -633,12 +633,15 @@ def sample_tree_fixed(params, cfg: decoder.PolicyConfig, key, prompts,
   clipped to the parent's length (a child forked after its parent's EOS is an
   identical copy of it). Needs (len(branching) - 1) * segment_len < L.
 
-  layout 'cascade_tree' (`TREE_LAYOUTS`, this sampler only): the prompt once per group,
-  each node's segment once (one shared cache level per tree level, `decoder.TreeCache`),
-  each leaf's own slots only its L - (len(branching) - 1) * segment_len tokens after its
-  last fork (`start`'s own_len, `fork_tree`; Hydragen, arXiv 2402.05099). Same samples as
+  layout 'cascade_tree' (`TREE_LAYOUTS`, this sampler only; the default's form here when
+  `layout` is None and `DEFAULT_LAYOUT` is 'cascade'): the prompt once per group, each
+  node's segment once (one shared cache level per tree level, `decoder.TreeCache`), each
+  leaf's own slots only its L - (len(branching) - 1) * segment_len tokens after its last
+  fork (`start`'s own_len, `fork_tree`; Hydragen, arXiv 2402.05099). Same samples as
   'cascade' and 'rows' up to float rounding; decodes in phases over each level's own slots.
   """
+  if layout is None and DEFAULT_LAYOUT == 'cascade':
+    layout = 'cascade_tree'  # the cascade with each shared segment read once
   layout = _layout(layout, 'sample_tree_fixed')
   branching = tuple(int(b) for b in branching)
   if not branching or min(branching) < 1 or segment_len < 1:

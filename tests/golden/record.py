@@ -22,8 +22,9 @@ machine without them: its rows to rtol 1e-3 of the optimized records). A case is
 for bit where this machine's file has it: after an intended change of numbers recorded on one
 machine, the others' files drop the case until it is rerecorded there (`--machine --only`).
 The Turns-field cases (cast_iid ... matchtir_iid) came later: golden.json holds them as
-recorded on cb3003afe061, and the agent cases as recorded on 6cda3184560e after the agent
-sampler's switch to the cascade layout (its other cases are the first machine's).
+recorded on cb3003afe061, the agent cases and tempo_tree_fixed as recorded on 6cda3184560e
+after their samplers' switches to the cascade layouts (its other cases are the first
+machine's).
 """
 
 import os
