@@ -69,7 +69,7 @@ def _check_all_level_stats(tree, rewards, variants):
 
 
 # Each example is checked in every variant (formerly one test per variant, 20 examples each).
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(groups(sizes=(1, 3, 6, 16), lengths=(1, 7), batch=(2,)))
 def test_level_stats_equal_node_stats_on_prefix_trees(group):
   tokens, mask, rewards = group
@@ -77,7 +77,7 @@ def test_level_stats_equal_node_stats_on_prefix_trees(group):
                          (("children", 0), ("children", 1), ("leaves", 1)))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(sampled_trees())
 def test_level_stats_equal_node_stats_on_sampled_trees(group):
   tokens, mask, rewards, parent, fork = group
@@ -132,7 +132,7 @@ def _check(case, adv, paths, rewards, mask):
 
 
 # Each example is checked in every case (formerly one test per case, 10 examples each).
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(groups(sizes=(2, 16), lengths=(9,), max_vocab=3, batch=(2,)))
 def test_modes_match_reference_on_prefix_trees(group):
   tokens, mask, rewards = group
@@ -143,7 +143,7 @@ def test_modes_match_reference_on_prefix_trees(group):
     _check(case, adv, paths, rewards, mask)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(sampled_trees())
 def test_modes_match_reference_on_sampled_trees(group):
   tokens, mask, rewards, parent, fork = group
