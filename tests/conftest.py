@@ -28,7 +28,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 from hypothesis import settings  # noqa: E402
 
-settings.register_profile("default", max_examples=25, deadline=None, derandomize=True)
+settings.register_profile("default", max_examples=20, deadline=None, derandomize=True)
 settings.load_profile("default")
 
 

@@ -29,9 +29,9 @@ BRANCHING, SEG = (2, 2, 2), 3  # leaves fork at 3 and 6; the last level runs 6 -
 EOS, PAD = 2, 0  # with KEY some rows end before a fork: their children are copies
 KEY = jax.random.PRNGKey(2)
 CFGS = {
-    # Decode phases of 2 own slots: levels of S = 3 decode in two, the last (6 slots) in three.
+    # Decode phases of 4 own slots: the last level's 6 own slots decode in two (4, 6).
     'mha': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4, d_ff=48,
-                                max_len=P + L, decode_window=2),
+                                max_len=P + L, decode_window=4),
     'gqa_lora': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4,
                                      num_kv_heads=2, d_ff=48, max_len=P + L, attn_bias=True,
                                      lora_rank=4, tie_embeddings=True),
