@@ -402,9 +402,9 @@ def decode(params, cfg: decoder.PolicyConfig, state: Rollout, stop, *,
   Phases (`decode_windows`, a `CascadeCache` or `TreeCache` only): the loop runs once per
   phase, rows stopping at its end w, each step attending over own slots [0, w) instead of
   all L (a `TreeCache`: all W of its level), so a step reads about half the rows' slots on
-  average (issue 41). The rows' results are the
-  same up to float rounding (fewer zero terms in each sum) and no row takes more steps:
-  every phase ends when its slowest row reaches w, where it would be anyway.
+  average (issue 41). The rows' results are the same up to float rounding (fewer zero terms
+  in each sum) and no row takes more steps: every phase ends when its slowest row reaches
+  w, where it would be anyway.
   """
   length = state.tokens.shape[1]
   slots = jnp.arange(length)[None, :]
