@@ -33,24 +33,31 @@ B, P, G, L = 3, 7, 4, 9
 EOS, PAD = 1, 0
 KEY = jax.random.PRNGKey(7)
 TREE_KEY = jax.random.PRNGKey(2)
-CFGS = {  # plain multi-head; grouped-query heads (2 per kv head) with biases and LoRA
-    'mha': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4, d_ff=48,
-                                max_len=P + L + 4),
-    'gqa_lora': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4,
-                                     num_kv_heads=2, d_ff=48, max_len=P + L, attn_bias=True,
-                                     lora_rank=4, tie_embeddings=True),
-}
-PROMPTS = np.random.default_rng(0).integers(2, 24, (B, P)).astype(np.int32)
-PROMPT_LEN = np.array([P, 4, 1], np.int32)  # ragged, down to a prompt of one token
+
+
+def tiny_cfgs(mha_len: int, gqa_len: int, **mha) -> dict:
+  """The test policies: plain multi-head (with `mha` fields), and grouped-query heads (2
+  per kv head) with biases and LoRA."""
+  return {
+      'mha': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4,
+                                  d_ff=48, max_len=mha_len, **mha),
+      'gqa_lora': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4,
+                                       num_kv_heads=2, d_ff=48, max_len=gqa_len,
+                                       attn_bias=True, lora_rank=4, tie_embeddings=True)}
 
 
 @functools.lru_cache(maxsize=None)
-def _params(name):
-  cfg = CFGS[name]
+def lora_params(cfg: decoder.PolicyConfig):
+  """cfg's params with non-zero LoRA B adapters, so that the adapter path matters."""
   params = decoder.init_params(jax.random.PRNGKey(1), cfg)
-  # Non-zero LoRA B adapters, so that the adapter path matters.
   return jax.tree_util.tree_map_with_path(
       lambda p, x: x + 0.05 if decoder.is_lora(p) else x, params)
+
+
+CFGS = tiny_cfgs(P + L + 4, P + L)
+PROMPTS = np.random.default_rng(0).integers(2, 24, (B, P)).astype(np.int32)
+PROMPT_LEN = np.array([P, 4, 1], np.int32)  # ragged, down to a prompt of one token
+_params = lambda name: lora_params(CFGS[name])
 
 
 def _close(a, b, atol=ATOL, what=''):

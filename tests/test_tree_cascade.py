@@ -21,6 +21,7 @@ import pytest
 
 from experiments.models import decoder
 from experiments.rollouts import sampling
+from test_cascade_decode import lora_params, tiny_cfgs  # tests/ is on sys.path
 
 ATTN_ATOL = 1e-6
 ATOL = 1e-5
@@ -28,23 +29,11 @@ B, P, L = 3, 7, 12
 BRANCHING, SEG = (2, 2, 2), 3  # leaves fork at 3 and 6; the last level runs 6 -> 12
 EOS, PAD = 2, 0  # with KEY some rows end before a fork: their children are copies
 KEY = jax.random.PRNGKey(2)
-CFGS = {
-    # Decode phases of 4 own slots: the last level's 6 own slots decode in two (4, 6).
-    'mha': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4, d_ff=48,
-                                max_len=P + L, decode_window=4),
-    'gqa_lora': decoder.PolicyConfig(vocab_size=24, d_model=32, num_layers=2, num_heads=4,
-                                     num_kv_heads=2, d_ff=48, max_len=P + L, attn_bias=True,
-                                     lora_rank=4, tie_embeddings=True),
-}
+# Decode phases of 4 own slots for MHA: the last level's 6 own slots decode in two (4, 6).
+CFGS = tiny_cfgs(P + L, P + L, decode_window=4)
 PROMPTS = np.random.default_rng(0).integers(3, 24, (B, P)).astype(np.int32)
 PROMPT_LEN = np.array([P, 4, 1], np.int32)  # ragged, down to a prompt of one token
-
-
-@functools.lru_cache(maxsize=None)
-def _params(name):
-  params = decoder.init_params(jax.random.PRNGKey(1), CFGS[name])
-  return jax.tree_util.tree_map_with_path(  # non-zero LoRA B: the adapters matter
-      lambda p, x: x + 0.05 if decoder.is_lora(p) else x, params)
+_params = lambda name: lora_params(CFGS[name])
 
 
 def _normal(seed, *shape):
