@@ -374,25 +374,9 @@ def cascade_attention(q, prefix_k, prefix_v, keys, values, start, slots, cfg: 'P
   queries that share it, so each prefix is read once, not G times. The two parts merge
   exactly through their row maxima and sums (log-sum-exp): o = (a_p o_p + a_s o_s) /
   (a_p l_p + a_s l_s), a = exp(m - max(m_p, m_s)). Equals `attention` over the
-  concatenated keys up to float rounding.
+  concatenated keys up to float rounding. `tree_attention` without segment levels.
   """
-  r, t = q.shape[:2]
-  b, p = prefix_k.shape[:2]
-  g, kh, rep, dh = r // b, cfg.kv_heads, cfg.num_heads // cfg.kv_heads, cfg.head_dim
-  scale = jnp.sqrt(jnp.float32(dh))
-  qg = q.reshape(b, g, t, kh, rep, dh)  # Query head = kv head * rep + r, as `attention`.
-  s_p = jnp.einsum('bgtkrd,bpkd->bgtkrp', qg, prefix_k).astype(jnp.float32) / scale
-  vis_p = (jnp.arange(p) < start[:, None]).reshape(b, g, 1, 1, 1, p)
-  o_p, m_p, l_p = _attention_part(s_p, prefix_v, vis_p, cfg, 'bgtkrp,bpkd->bgtkrd')
-  qr = qg.reshape(r, t, kh, rep, dh)
-  s_s = jnp.einsum('rtkqd,rskd->rtkqs', qr, keys).astype(jnp.float32) / scale
-  vis_s = (jnp.arange(keys.shape[1]) <= slots[..., None])[:, :, None, None]
-  o_s, m_s, l_s = _attention_part(s_s, values, vis_s, cfg, 'rtkqs,rskd->rtkqd')
-  o_p, m_p, l_p = (x.reshape((r,) + x.shape[2:]) for x in (o_p, m_p, l_p))
-  m = jnp.maximum(m_p, m_s)
-  a_p, a_s = jnp.exp(m_p - m), jnp.exp(m_s - m)
-  out = (a_p * o_p + a_s * o_s) / (a_p * l_p + a_s * l_s)
-  return out.reshape(r, t, cfg.num_heads, dh).astype(cfg.dtype)
+  return tree_attention(q, prefix_k, prefix_v, (), (), keys, values, start, slots, cfg)
 
 
 def _shared_part(q, keys, values, visible, cfg: 'PolicyConfig'):
@@ -429,8 +413,9 @@ def tree_attention(q, prefix_k, prefix_v, seg_k, seg_v, keys, values, start, slo
   parts.append(_attention_part(s_s, values, vis_s, cfg, 'rtkqs,rskd->rtkqd'))
   m = functools.reduce(jnp.maximum, [m_i for _, m_i, _ in parts])
   a = [jnp.exp(m_i - m) for _, m_i, _ in parts]
-  out = sum(a_i * o_i for a_i, (o_i, _, _) in zip(a, parts))
-  out = out / sum(a_i * l_i for a_i, (_, _, l_i) in zip(a, parts))
+  total = lambda xs: functools.reduce(jnp.add, xs)  # no 0 + ...: the parts' sums alone
+  out = total([a_i * o_i for a_i, (o_i, _, _) in zip(a, parts)])
+  out = out / total([a_i * l_i for a_i, (_, _, l_i) in zip(a, parts)])
   return out.reshape(r, t, cfg.num_heads, dh).astype(cfg.dtype)
 
 
@@ -604,27 +589,21 @@ def cached_attention(q, k, v, positions, cache, layer, start, cfg: 'PolicyConfig
   set_ = lambda c, a, slots: c.at[layer, rows, slots].set(a.astype(c.dtype))
   place = lambda c: jax.tree.map(lambda x: constrain(x, (None, 'rows', None, 'kv_heads', None)),
                                  c)
-  if isinstance(cache, TreeCache):
-    if start is None:
-      raise ValueError('a TreeCache is prefilled as a CascadeCache (sampling.start)')
-    slots = positions - start[:, None] - cache.offset
-    own = lambda c, a: c.at[layer, rows, slots].set(a.astype(c.dtype), mode='drop')
-    cache = place(cache.replace(k=own(cache.k, k), v=own(cache.v, v)))
-    at = lambda xs: tuple(x[layer] for x in xs)
-    own = slice(None, cache.window)  # the phase's filled slots (all when window is None)
-    return tree_attention(q, cache.prefix_k[layer], cache.prefix_v[layer], at(cache.seg_k),
-                          at(cache.seg_v), cache.k[layer][:, own], cache.v[layer][:, own],
-                          start, slots, cfg), cache
+  if isinstance(cache, TreeCache) and start is None:
+    raise ValueError('a TreeCache is prefilled as a CascadeCache (sampling.start)')
   if isinstance(cache, CascadeCache) and start is None:
     cache = cache.replace(prefix_k=put(cache.prefix_k, k, 1), prefix_v=put(cache.prefix_v, v, 1))
     return causal_attention(q, k, v, positions, cfg), place(cache)
-  if isinstance(cache, CascadeCache):
-    slots = positions - start[:, None]
+  if isinstance(cache, (CascadeCache, TreeCache)):
+    tree = isinstance(cache, TreeCache)
+    slots = positions - start[:, None] - (cache.offset if tree else 0)
     cache = place(cache.replace(k=set_(cache.k, k, slots), v=set_(cache.v, v, slots)))
     own = slice(None, cache.window)  # the phase's filled slots (all when window is None)
-    return cascade_attention(q, cache.prefix_k[layer], cache.prefix_v[layer],
-                             cache.k[layer][:, own], cache.v[layer][:, own], start, slots,
-                             cfg), cache
+    at = lambda xs: tuple(x[layer] for x in xs)
+    return tree_attention(q, cache.prefix_k[layer], cache.prefix_v[layer],
+                          at(cache.seg_k) if tree else (), at(cache.seg_v) if tree else (),
+                          cache.k[layer][:, own], cache.v[layer][:, own], start, slots,
+                          cfg), cache
   if cache.k.shape[1] != q.shape[0]:  # n = cache rows / call rows; a prefill starts at 0
     n = cache.k.shape[1] // q.shape[0]
     cache = KVCache(k=put(cache.k, k, n), v=put(cache.v, v, n))
