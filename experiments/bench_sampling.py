@@ -57,6 +57,7 @@ import numpy as np
 
 from experiments.rollouts import sampling
 from experiments.models import decoder
+from experiments.training import aot
 
 
 def row_steps(branching, segment_len, length):
@@ -176,25 +177,6 @@ def main_layouts(a):
               f'{r["decode_ratio"]:>6.2f} | {r["flips"]}/{a.num_prompts * g}', flush=True)
 
 
-def tree_slots_read(num_prompts, prompt_len, branching, segment_len, length, layout):
-  """KV slots a whole `sample_tree_fixed` decode reads (sum over steps of each row's group's
-  prompt once, plus its own slots; with 'cascade_tree' each node's segment once per step
-  instead of once per leaf): the bytes' analytic count over one slot's bytes. 'cascade' is
-  counted without phases (each step reads the rows' L own slots, `decode_window` 0)."""
-  own = sampling.tree_own_lens(len(branching), segment_len, length)
-  total = 0
-  for level in range(len(branching)):
-    rows = num_prompts * math.prod(branching[:level + 1])
-    steps = own[level] if level < len(branching) - 1 else length - level * segment_len
-    if layout == 'cascade_tree':
-      segs = sum(num_prompts * math.prod(branching[:j + 1]) * segment_len for j in range(level))
-      per_step = num_prompts * prompt_len + segs + rows * own[level]
-    else:
-      per_step = num_prompts * prompt_len + rows * length
-    total += steps * per_step
-  return total
-
-
 def bench_tree_layouts(model='smollm2', prompt_len=512, branching=(2, 2, 2), segment_len=32,
                        length=96, num_prompts=2, repeats=3, seed=0):
   """Times `sample_tree_fixed` (one program) with layouts 'cascade' and 'cascade_tree'."""
@@ -215,8 +197,10 @@ def bench_tree_layouts(model='smollm2', prompt_len=512, branching=(2, 2, 2), seg
       run(lay)
       times[lay].append(time.perf_counter() - t0)
   t = {lay: np.array(x) for lay, x in times.items()}
-  slots = {lay: tree_slots_read(num_prompts, prompt_len, branching, segment_len, length, lay)
-           for lay in layouts}
+  shape = aot.RLShape(rows=num_prompts * math.prod(branching), group_size=math.prod(branching),
+                      prompt_len=prompt_len, response_len=length, sampler='tree_fixed',
+                      branching=branching, segment_len=segment_len)
+  slots = {lay: aot.tree_slots_read(cfg, shape, lay) for lay in layouts}
   return dict(t={lay: np.median(x) for lay, x in t.items()},
               ratio=np.median(t['cascade'] / t['cascade_tree']),
               slots_ratio=slots['cascade_tree'] / slots['cascade'], flips=flips,

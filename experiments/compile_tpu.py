@@ -22,7 +22,9 @@ Hugging Face config.json (file or directory). The mesh is ('data', 'fsdp', 'mode
 'cascade': each prompt once; 'rows': a whole cache per response, as before issue 41).
 --sampler_only: compile only the i.i.d. sampler's prefill and decode, for both layouts
 (`sampler_report`): per-device decode memory, XLA's bytes accessed by one decode step and
-the decode's analytic HBM bytes and roofline, rows against cascade.
+the decode's analytic HBM bytes and roofline, rows against cascade. With --sampler tree_fixed
+(--branching, --segment_len): its one program in 'rows', 'cascade' and 'cascade_tree'
+(`tree_sampler_report`).
 """
 
 import argparse
@@ -43,10 +45,13 @@ def main(argv=None) -> 'aot.Result':
   ap.add_argument('--group_size', type=int, default=4, help='G')
   ap.add_argument('--prompt_len', type=int, default=32)
   ap.add_argument('--response_len', type=int, default=32)
-  ap.add_argument('--sampler', default='iid', choices=('iid', 'tree_entropy'))
+  ap.add_argument('--sampler', default='iid', choices=aot.SAMPLERS)
   ap.add_argument('--num_chains', type=int, default=2, help='tree_entropy only')
   ap.add_argument('--num_forks', type=int, default=1, help='tree_entropy only')
   ap.add_argument('--num_continuations', type=int, default=1, help='tree_entropy only')
+  ap.add_argument('--branching', default='2,2', help='tree_fixed only: children per level')
+  ap.add_argument('--segment_len', type=int, default=4,
+                  help='tree_fixed only: tokens between forks')
   ap.add_argument('--fsdp', type=int, default=1, help="size of the mesh's 'fsdp' axis")
   ap.add_argument('--model_axis', type=int, default=1,
                   help="size of the mesh's 'model' axis (tensor parallelism: heads, kv heads, "
@@ -74,14 +79,16 @@ def main(argv=None) -> 'aot.Result':
                   help='compute dtype (params stay float32)')
   ap.add_argument('--remat', action='store_true', help='recompute blocks in the backward pass')
   ap.add_argument('--quiet', action='store_true', help='no per-stage progress lines')
-  ap.add_argument('--decode_layout', default=None, choices=('cascade', 'rows'),
-                  help="sampler KV cache layout (default: the sampler's, 'cascade')")
+  ap.add_argument('--decode_layout', default=None, choices=('cascade', 'rows', 'cascade_tree'),
+                  help="sampler KV cache layout (default: the sampler's, 'cascade'; "
+                       "tree_fixed's 'cascade_tree')")
   ap.add_argument('--decode_window', type=int, default=None,
                   help='cascade decode phases of this many own slots (default: the model '
                        "config's, 256; 0 = every own slot each step)")
   ap.add_argument('--sampler_only', action='store_true',
-                  help='compile the i.i.d. prefill and decode only: rows, cascade in one '
-                       'phase, cascade in phases')
+                  help='compile the sampler only, in each layout: i.i.d. prefill and decode '
+                       '(rows, cascade in one phase, cascade in phases) or with --sampler '
+                       'tree_fixed its one program (rows, cascade, cascade_tree)')
   a = ap.parse_args(argv)
 
   import jax.numpy as jnp
@@ -95,7 +102,9 @@ def main(argv=None) -> 'aot.Result':
   shape = aot.RLShape(
       rows=a.rows, group_size=a.group_size, prompt_len=a.prompt_len,
       response_len=a.response_len, sampler=a.sampler, num_chains=a.num_chains,
-      num_forks=a.num_forks, num_continuations=a.num_continuations, fsdp=a.fsdp,
+      num_forks=a.num_forks, num_continuations=a.num_continuations,
+      branching=tuple(int(x) for x in a.branching.split(',')), segment_len=a.segment_len,
+      fsdp=a.fsdp,
       model=a.model_axis,
       micro_batches=a.micro_batches, minibatches=a.minibatches, epochs=a.epochs,
       packing=a.packing, pack_len=a.pack_len, pack_attention=a.pack_attention,
@@ -104,7 +113,8 @@ def main(argv=None) -> 'aot.Result':
   for n in notes:
     print('note:', n)
   if a.sampler_only:
-    print(sampler_report(cfg, shape, topo))
+    report = tree_sampler_report if a.sampler == 'tree_fixed' else sampler_report
+    print(report(cfg, shape, topo))
     print(f'wall time {time.perf_counter() - t0:.1f} s')
     return None
   result = aot.compile_rl_step(cfg, shape, topo, verbose=not a.quiet)
@@ -131,19 +141,13 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
   by the phases: the mean step's bytes when the phases are equally long. decode HBM B:
   `aot.decode_hbm_bytes`, the analytic lower bound; roofline: it over the HBM bandwidth.
   """
-  import math
   import jax
   import jax.numpy as jnp
   import numpy as np
   from experiments.rollouts import sampling
   mesh = aot.make_mesh(topo, shape.fsdp, shape.model)
-  state = aot.abstract_state(cfg, mesh)
-  params = state.params
   # Held while sampling (as `aot.Compiler`'s outside bytes): optimizer state, reference params.
-  held = aot.chip_bytes((state.opt_state, state.step, state.rng)) + (
-      aot.chip_bytes(params) if shape.ref else 0)
-  param_bytes = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
-                    for x in jax.tree.leaves(params))
+  held, params, param_bytes = _held_and_params(cfg, shape, mesh)
   b, l, g = shape.num_prompts, shape.response_len, shape.group_size
   rep = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=jax.sharding.NamedSharding(
       mesh, jax.sharding.PartitionSpec()))
@@ -181,6 +185,66 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
                  f'{mem.output_size_in_bytes / gib:6.2f} {peak / gib:8.2f} '
                  f'{cost.get("bytes accessed", float("nan")) / phases:10.3e} {hbm:12.3e} '
                  f'{hbm / topo.device_bandwidth:10.3f} {time.perf_counter() - t0:9.1f}')
+  return '\n'.join(lines)
+
+
+def _held_and_params(cfg, shape, mesh):
+  """(bytes per device the loop holds while sampling: optimizer state and reference params,
+  the policy's abstract params, their bytes in all)."""
+  import math
+  import jax
+  import numpy as np
+  state = aot.abstract_state(cfg, mesh)
+  held = aot.chip_bytes((state.opt_state, state.step, state.rng)) + (
+      aot.chip_bytes(state.params) if shape.ref else 0)
+  total = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+              for x in jax.tree.leaves(state.params))
+  return held, state.params, total
+
+
+def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
+  """Compiles `sampling._tree_fixed` (tree_fixed's one program, as `aot.compile_sampler`) in
+  each layout on the topology's mesh, one line each: per-device memory from the compiled
+  program (peak as in `sampler_report`) and the decode's analytic HBM bytes
+  (`aot.decode_hbm_bytes`, with `aot.tree_slots_read`) and roofline.
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from experiments.rollouts import sampling
+  mesh = aot.make_mesh(topo, shape.fsdp, shape.model)
+  held, params, param_bytes = _held_and_params(cfg, shape, mesh)
+  b, l, g = shape.num_prompts, shape.response_len, shape.group_size
+  rep = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
+  prompts = jax.ShapeDtypeStruct((b, shape.prompt_len), jnp.int32,
+                                 sharding=aot.rows_sharding(mesh, b))
+  plen = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=aot.rows_sharding(mesh, b))
+  knobs = dict(temperature=rep((), jnp.float32), top_k=rep((), jnp.int32),
+               top_p=rep((), jnp.float32))
+  gib = 2.0 ** 30
+  lines = [f'tree_fixed sampler on {topo.name}, mesh {dict(mesh.shape)}: {b} prompts x '
+           f'branching {shape.branching} (G {g}), forks every {shape.segment_len} tokens, '
+           f'prompt {shape.prompt_len} + response {l}, decode_window {cfg.decode_window}, '
+           f'{np.dtype(cfg.dtype).name}; per device:',
+           f'  {"layout":12s} {"args":>6s} {"temp":>6s} {"out":>6s} {"peak GiB":>8s} '
+           f'{"KV slots read":>13s} {"decode HBM B":>12s} {"roofline s":>10s} {"compile s":>9s}']
+  for layout in ('rows', 'cascade', 'cascade_tree'):
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+      exe = sampling._tree_fixed.lower(
+          params, prompts, rep((b, g, l), jnp.float32), plen, knobs, cfg=cfg,
+          branching=tuple(shape.branching), segment_len=shape.segment_len,
+          eos_id=shape.eos_id, pad_id=0, layout=layout).compile()
+    mem = exe.memory_analysis()
+    peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
+            - mem.alias_size_in_bytes + held)
+    hbm = aot.decode_hbm_bytes(cfg, shape, mesh, param_bytes, layout)
+    lines.append(f'  {layout:12s} {mem.argument_size_in_bytes / gib:6.2f} '
+                 f'{mem.temp_size_in_bytes / gib:6.2f} {mem.output_size_in_bytes / gib:6.2f} '
+                 f'{peak / gib:8.2f} {aot.tree_slots_read(cfg, shape, layout):13.4e} '
+                 f'{hbm:12.3e} {hbm / topo.device_bandwidth:10.3f} '
+                 f'{time.perf_counter() - t0:9.1f}')
   return '\n'.join(lines)
 
 

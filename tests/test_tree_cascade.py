@@ -194,3 +194,25 @@ def test_tree_attention_reads_each_segment_once():
       q, pk, pv, k, v, s, t, cfg), q, pre, pre, own, own, i32(r), i32(r, 1))
   analytic = (p + 2 * seg + 4 * seg + g * w) / (p + g * (2 * seg + w))
   assert tree / cascade < analytic + 0.1, (tree, cascade, analytic)
+
+
+@pytest.mark.parametrize('window,want', [(0, (200, 144, 112)), (2, (200, 112, 96))])
+def test_tree_slots_read_counted_by_hand(window, want):
+  """`aot.tree_slots_read` (compile_tpu's tree_fixed figures) on one prompt of 4 tokens,
+  branching (2, 2), forks at 2, L 6, counted by hand per step: 'rows' reads P + L a row;
+  'cascade' the prompt once and each row's own slots up to its phase's end (over L);
+  'cascade_tree' also the 2 level-0 segments once, and its own slots' phases start at the
+  level's fork. Window 0: cascade 2 x (4 + 2 x 6) + 4 x (4 + 4 x 6); tree 2 x (4 + 2 x 2) +
+  4 x (4 + 2 x 2 + 4 x 4). Window 2: cascade 2 x 8 + 2 x 20 + 2 x 28; tree 2 x 8 + 2 x 16 +
+  2 x 24."""
+  import dataclasses
+  from experiments.training import aot
+  cfg = dataclasses.replace(CFGS['mha'], decode_window=window)
+  shape = aot.RLShape(rows=4, group_size=4, prompt_len=4, response_len=6, sampler='tree_fixed',
+                      branching=(2, 2), segment_len=2)
+  assert aot.decode_layout(shape) == 'cascade_tree'  # the sampler's default, as it samples
+  got = tuple(aot.tree_slots_read(cfg, shape, x) for x in ('rows', 'cascade', 'cascade_tree'))
+  assert got == want
+  assert aot.cache_slots(shape) == ((1, 4), (2, 2), (4, 4))  # prompt, level-0 nodes, leaves
+  with pytest.raises(ValueError, match='G = 4'):
+    aot.RLShape(rows=6, group_size=6, sampler='tree_fixed', branching=(2, 2))

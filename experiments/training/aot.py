@@ -224,13 +224,17 @@ def model_config(model: str, *, max_len: int, dtype=jnp.float32, remat: bool = F
 # Shapes of one RL step.
 
 
+SAMPLERS = ('iid', 'tree_entropy', 'tree_fixed')
+
+
 @dataclasses.dataclass(frozen=True)
 class RLShape:
   """One RL step's sizes and update settings (the loop's config, reduced to shapes).
 
-  rows: N = B * G responses per step (B = rows / group_size prompts). sampler: 'iid' or
+  rows: N = B * G responses per step (B = rows / group_size prompts). sampler: 'iid',
   'tree_entropy' (num_chains chains, num_forks forks each with num_continuations
-  children; G = chains * (1 + forks * continuations)). packing: 'tree', 'prompt' or
+  children; G = chains * (1 + forks * continuations)) or 'tree_fixed' (`branching`, forks
+  every `segment_len` tokens; G = prod(branching)). packing: 'tree', 'prompt' or
   'none'; pack_len 0 = the largest bucket, P + G * L (nothing shared beyond the prompt).
   """
   rows: int = 16
@@ -241,6 +245,8 @@ class RLShape:
   num_chains: int = 2
   num_forks: int = 1
   num_continuations: int = 1
+  branching: tuple = (2, 2)          # tree_fixed
+  segment_len: int = 4               # tree_fixed
   fsdp: int = 1
   model: int = 1                     # tensor-parallel mesh axis (heads, MLP, vocabulary)
   micro_batches: int = 1
@@ -262,8 +268,16 @@ class RLShape:
     return self.rows // self.group_size
 
   def __post_init__(self):
-    if self.sampler not in ('iid', 'tree_entropy'):
-      raise ValueError(f'sampler {self.sampler!r}: valid are iid, tree_entropy')
+    if self.sampler not in SAMPLERS:
+      raise ValueError(f'sampler {self.sampler!r}: valid are {", ".join(SAMPLERS)}')
+    if self.sampler == 'tree_fixed':
+      if math.prod(self.branching) != self.group_size:
+        raise ValueError(f'tree_fixed with branching {self.branching} has G = '
+                         f'{math.prod(self.branching)}, not group_size {self.group_size}')
+      if (len(self.branching) - 1) * self.segment_len >= self.response_len:
+        raise ValueError(f'tree_fixed: its last level would start at or after response_len '
+                         f'{self.response_len} ({len(self.branching)} levels of '
+                         f'{self.segment_len} tokens)')
     if self.sampler == 'tree_entropy':
       g = self.num_chains * (1 + self.num_forks * self.num_continuations)
       if g != self.group_size:
@@ -283,7 +297,8 @@ class RLShape:
     if self.fsdp < 1 or self.model < 1:
       raise ValueError(f'fsdp={self.fsdp} and model={self.model} must be >= 1')
     from experiments.rollouts import sampling
-    layouts = [x for x in sampling.LAYOUTS if x not in sampling.TREE_LAYOUTS]  # no tree_fixed
+    layouts = [x for x in sampling.LAYOUTS
+               if self.sampler == 'tree_fixed' or x not in sampling.TREE_LAYOUTS]
     if self.decode_layout not in (None, *layouts):
       raise ValueError(f'decode_layout {self.decode_layout!r}: valid are '
                        f'{", ".join(layouts)} (or None: the sampler\'s default)')
@@ -436,12 +451,17 @@ def stage_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
   b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
   s = p + l
   out = {}
-  # Sampler: prefill B prompts over S slots, then R rows x L decode steps over S slots.
-  rows = b * (g if shape.sampler == 'iid' else shape.num_chains)
-  children = b * g - rows
+  # Sampler: prefill B prompts over S slots, then R rows x L decode steps over S slots
+  # (tree_fixed: each level's rows over its steps).
   pre = forward_flops(cfg, b * p, b * p, b * p * s, b * p * (p + 1) / 2)
-  steps = (rows + children) * l
-  dec = forward_flops(cfg, steps, steps, steps * s, steps * (p + (l + 1) / 2))
+  if shape.sampler == 'tree_fixed':
+    levels = tree_levels(shape)
+    steps = sum(r * (t1 - t0) for r, t0, t1 in levels)
+    pairs = sum(r * (t1 - t0) * (p + (t0 + t1 + 1) / 2) for r, t0, t1 in levels)
+  else:
+    steps = b * g * l  # chains, then the children (from their fork: counted to L)
+    pairs = steps * (p + (l + 1) / 2)
+  dec = forward_flops(cfg, steps, steps, steps * s, pairs)
   pre_model = forward_flops(cfg, b * p, b, 0, b * p * (p + 1) / 2)[1]  # head: last position
   out['sample'] = (pre[0] + dec[0], pre_model + dec[1])
   # Teacher forcing over flat rows: T = P + L - 1 tokens each, head on L positions.
@@ -466,13 +486,52 @@ def stage_flops(cfg, shape: RLShape, pack_len: Optional[int] = None) -> dict:
   return out
 
 
+def tree_levels(shape: RLShape) -> list:
+  """tree_fixed's levels as (rows, first response index, stop): level j's B * prod(b_0..b_j)
+  rows decode [j * segment_len, (j + 1) * segment_len), the last level to L."""
+  n, seg = len(shape.branching), shape.segment_len
+  return [(shape.num_prompts * math.prod(shape.branching[:j + 1]), j * seg,
+           shape.response_len if j == n - 1 else (j + 1) * seg) for j in range(n)]
+
+
+def tree_slots_read(cfg, shape: RLShape, layout: Optional[str] = None) -> int:
+  """KV slots a whole tree_fixed decode reads, summed over its steps: per step each group's
+  prompt once ('cascade', 'cascade_tree') or per row ('rows': P + L a row), each row's own
+  slots up to the end of the step's phase (`sampling.decode_windows`: over L for 'cascade',
+  over the level's own slots for 'cascade_tree'), and with 'cascade_tree' each tree node's
+  segment once (one shared level per tree level) instead of once per leaf."""
+  from experiments.rollouts import sampling
+  layout = decode_layout(shape, layout)
+  b, p, l, seg = shape.num_prompts, shape.prompt_len, shape.response_len, shape.segment_len
+  total = 0
+  for j, (rows, t0, t1) in enumerate(tree_levels(shape)):
+    if layout == 'rows':
+      total += (t1 - t0) * rows * (p + l)
+      continue
+    own = sampling.tree_own_lens(len(shape.branching), seg, l)[j] if layout == 'cascade_tree' \
+        else l
+    offset = t0 if layout == 'cascade_tree' else 0
+    ends = sampling.decode_windows(cfg, own)
+    window = lambda t: min(e for e in ends if e > t - offset)  # own slots step t reads
+    shared = b * p + (sum(rows_i * seg for rows_i, _, _ in tree_levels(shape)[:j])
+                      if layout == 'cascade_tree' else 0)
+    total += sum(shared + rows * window(t) for t in range(t0, t1))
+  return total
+
+
 def cache_slots(shape: RLShape, layout: Optional[str] = None) -> tuple:
   """The sampler's KV-cache slots as ((rows, slots per row), ...): B * G rows of P + L
-  ('rows'), or B prompts of P and B * G rows of L ('cascade', the default: issue 41);
-  `layout` None: the shape's `decode_layout`."""
+  ('rows'), or B prompts of P and B * G rows of L ('cascade', the default: issue 41), or
+  with 'cascade_tree' (tree_fixed) B prompts of P, each tree level's nodes of segment_len but
+  the last's, and B * G leaves of L - (levels - 1) * segment_len; `layout` None: the shape's
+  `decode_layout`."""
   b, g, p, l = shape.num_prompts, shape.group_size, shape.prompt_len, shape.response_len
-  if decode_layout(shape, layout) == 'rows':
+  layout = decode_layout(shape, layout)
+  if layout == 'rows':
     return ((b * g, p + l),)
+  if layout == 'cascade_tree':
+    *inner, (rows, t0, _) = tree_levels(shape)
+    return ((b, p),) + tuple((r, shape.segment_len) for r, _, _ in inner) + ((rows, l - t0),)
   return ((b, p), (b * g, l))
 
 
@@ -493,6 +552,9 @@ def decode_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, param_bytes_full: float,
   the step's phase (`mean_own_slots`)."""
   layout = decode_layout(shape, layout)
   slot = 2 * cfg.num_layers * cfg.kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+  if shape.sampler == 'tree_fixed':
+    return (shape.response_len * param_bytes_full / shape.model +
+            tree_slots_read(cfg, shape, layout) * slot / mesh.size)
   *prefix, (rows, own) = cache_slots(shape, layout)
   slots = sum(r * n for r, n in prefix) + rows * mean_own_slots(cfg, own, layout)
   return shape.response_len * (param_bytes_full / shape.model + slots * slot / mesh.size)
@@ -514,7 +576,7 @@ def stage_hbm_bytes(cfg, shape: RLShape, mesh: Mesh, state_bytes_chip: int,
   micro = shape.minibatches * shape.micro_batches * shape.epochs
   upd = micro * (3 + int(cfg.remat)) * weights + (
       shape.minibatches * shape.epochs * 7 * state_bytes_chip / 3)
-  return dict(sample=weights + decode * (1 if shape.sampler == 'iid' else 2),
+  return dict(sample=weights + decode * (2 if shape.sampler == 'tree_entropy' else 1),
               logprobs=lps * weights, update=upd, update_flat=upd)
 
 
@@ -686,24 +748,33 @@ def _like_rows(mesh, x, shape):
 
 
 def decode_layout(shape: RLShape, layout: Optional[str] = None) -> str:
-  """`layout`, else the shape's `decode_layout`, else the sampler's default."""
+  """`layout`, else the shape's `decode_layout`, else the sampler's default (tree_fixed's:
+  'cascade_tree' where the default is 'cascade', as `sampling.sample_tree_fixed`)."""
   from experiments.rollouts import sampling
-  return layout or shape.decode_layout or sampling.DEFAULT_LAYOUT
+  default = sampling.DEFAULT_LAYOUT
+  if shape.sampler == 'tree_fixed' and default == 'cascade':
+    default = 'cascade_tree'
+  return layout or shape.decode_layout or default
 
 
 def compile_sampler(c: Compiler, params, cfg, shape: RLShape, mesh: Mesh, prompts, plen):
-  """The sampler's stages as `sampling.sample_iid` / `sample_tree_forks` chain them, the
-  KV cache in the shape's `decode_layout`."""
+  """The sampler's stages as `sampling.sample_iid` / `sample_tree_forks` chain them (or
+  `sample_tree_fixed`'s one program), the KV cache in the shape's `decode_layout`."""
   from experiments.rollouts import sampling
   b, l, g = shape.num_prompts, shape.response_len, shape.group_size
   key = _rep(mesh, (2,), jnp.uint32)
   ids = _rep(mesh, (b,), jnp.int32)
   knobs = dict(temperature=_rep(mesh, (), jnp.float32), top_k=_rep(mesh, (), jnp.int32),
                top_p=_rep(mesh, (), jnp.float32))
-  n = g if shape.sampler == 'iid' else shape.num_chains
+  n = dict(iid=g, tree_entropy=shape.num_chains).get(shape.sampler, g)
   tk = ('params',)
   u = c('uniforms', 'sample', sampling._uniforms_jit,
         (key, ids, _rep(mesh, (n,), jnp.int32)), dict(length=l))
+  if shape.sampler == 'tree_fixed':  # one program, as `sampling.sample_tree_fixed` runs it
+    return c('tree (_tree_fixed)', 'sample', sampling._tree_fixed, (params, prompts, u, plen,
+                                                                    knobs),
+             dict(cfg=cfg, branching=tuple(shape.branching), segment_len=shape.segment_len,
+                  eos_id=shape.eos_id, pad_id=0, layout=decode_layout(shape)), takes=tk)
   state = c('prefill (_start)', 'sample', sampling._start, (params, prompts, u, plen),
             dict(cfg=cfg, pad_id=0, layout=decode_layout(shape)), takes=tk)
   state = c('decode (_decode)', 'sample', sampling._decode, (params, state, l, knobs),
