@@ -13,6 +13,7 @@ from credit import (answer_mask, confidence, context_shift, difficulty,  # noqa:
 from credit import (expert_traces, hindsight, milestones, probes, replay, tool_credit,  # noqa: F401
                     tree_search, turn_norm, turn_weighting, values)
 from credit import catalogue  # noqa: F401  (the method catalogue; `python -m credit`)
+from credit import progress_scores  # noqa: F401  (progress advantage as a scorer, #52)
 from credit.vocabulary import NEEDS  # noqa: F401  (the vocabulary of `needs`)
 from credit.kl import kl_k1, kl_k2, kl_k3, kl_penalty
 from credit.registry import (ALIASES, canonical, check_hparams, get, hparam_names, init_state,

@@ -101,8 +101,8 @@ PAPERS = {
     'polarity': ("polarity weights (the family's common form)", (), 'configs/polarity.py', 'experiments/polarity.py'),
     'ppo': ('PPO as verl runs it (issue 24)', (), 'configs/ppo.py (scratch_add; :household)', 'experiments/ppo.py'),
     'ppo_turns': ('PPO for multi-turn agents, values at turn boundaries (issue 24)', (), 'configs/ppo.py:household', 'experiments/ppo.py'),
-    'progress_advantage': ('Progress advantage (#52)', (52,), 'configs/implied_values.py', 'experiments/implied_values.py'),
-    'progress_advantage_step': ('Progress advantage (#52)', (52,), 'configs/implied_values.py', 'experiments/implied_values.py'),
+    'progress_advantage': ('Progress advantage (#52) as a training bonus: ours; the paper scores with it (`credit.progress_scores`)', (52,), 'configs/implied_values.py', 'experiments/implied_values.py'),
+    'progress_advantage_step': ('Progress advantage (#52) as a training bonus: ours; the paper scores with it (`credit.progress_scores`)', (52,), 'configs/implied_values.py', 'experiments/implied_values.py'),
     'progrpo': ('ProGRPO / ARM (#113)', (113,), 'configs/confidence.py', 'experiments/confidence.py'),
     'prorag': ('ProRAG (#176), a tree-built process reward model (issue 24)', (176,), 'configs/ppo.py:prorag', 'experiments/ppo.py'),
     'pum': ('PUM (#90), prefix utility model (issue 24)', (90,), 'configs/ppo.py:pum', 'experiments/ppo.py'),
@@ -143,8 +143,6 @@ STAND_INS = {
     'verl_rank': 'the effective rank of hashed one-hot token ids, not of hidden states',
     'aapo': ("an EMA of the prompt's earlier rewards (with rl.prompt_pool; else of the batch "
              "reward), not a reference-model response's reward"),
-    'progress_advantage': 'a trajectory-scoring quantity used as a training bonus',
-    'progress_advantage_step': 'a trajectory-scoring quantity used as a training bonus',
     'appo': ("the released scripts' future-KL loss weight (each token's advantage times "
              "1 + clip(exp(FutureKL), 1, 1.2)) is not applied; the reward scale M is 1 (upstream "
              "it acts only when the branch is at the last token: docs/conventions.md)"),

@@ -99,9 +99,10 @@ def progress(rollouts: Rollouts, *, coef: float = 1.0, granularity: str = "token
   p = x_t (`granularity='token'`) or the sum of x over the reasoning step holding t
   ('step', from `step_ends`: a step's score, the paper's step-level use). p̄ is the
   mean of p over the group's unmasked tokens when `center` (the log-ratio's mean
-  is KL(π‖π_ref) >= 0); else 0. Reading: the abstract uses it to score and attribute
-  trained trajectories; as training credit it rewards the tokens the policy has
-  already moved towards (coef is β). coef = 0 or π = π_ref is `grpo` exactly.
+  is KL(π‖π_ref) >= 0); else 0. The paper scores trained trajectories with x (its uses
+  are `credit.progress_scores`); this training bonus is the project's use, and it
+  rewards the tokens the policy has already moved towards (coef is β; it collapses:
+  docs/collapses.md). coef = 0 or π = π_ref is `grpo` exactly.
   """
   if granularity not in ("token", "step"):
     raise ValueError(f"progress_advantage granularity must be 'token' or 'step'; got "

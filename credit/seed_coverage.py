@@ -76,6 +76,8 @@ SEEDS = {
 ELSEWHERE = {
     19: '`spo_tree` / `treerl`: the tree-backup mechanism on token trees',
     46: 'sampler `experience` + `gigpo`',
+    52: ('`credit.progress_scores`: step and trajectory scores, best-of-N, uncertainty, '
+         'failure attribution (`experiments/progress_scoring.py`)'),
     59: '`grpo` on sampler `knapsack`',
     61: 'loss `rgra`',
     62: "`grpo` on sampler `hinted` (`hint_schedule='staged'`)",
@@ -98,7 +100,6 @@ PARTIAL = {
     39: 'error-localised adaptive clipping',
     44: 'the World Modeling Reward (the turn reward is the environment\'s)',
     48: "the reference-model response's reward as the baseline",
-    52: "the paper's uses: trajectory scoring, test-time selection, failure attribution",
     62: "no MCTS: the prefixes are the gold demonstration's, on a shrinking schedule",
     73: 'in-context self-reflection and the entropy-ranking reward for failed samples',
     77: 'Selective Rehearsal',

@@ -221,6 +221,69 @@ def teacher_section(name: str) -> list:
               'reward: in the other groups its target is a wrong answer.']
 
 
+# Progress advantage as a scorer (experiments/progress_scoring.py).
+
+def _mean_std(rows, get) -> str:
+  return pm([get(r) for r in rows])
+
+
+def progress_page(name: str) -> list:
+  """experiments/progress_scoring.py: one section per stored run (π_θ with or without a KL)."""
+  s = load(name)
+  rows, sc = s['per_seed'], s['scoring']
+  sel = [[f'`{k.split()[0]}`', k.split()[1]] + [
+      _mean_std(rows, lambda r, k=k, m=m: r['selection'][k][m]) for m in ('best_of_n', 'auroc')]
+      for k in rows[0]['selection']]
+  sel += [['random pick (mean@N)', '—', _mean_std(rows, lambda r: r['mean_at_n']), '—'],
+          ['oracle (pass@N)', '—', _mean_std(rows, lambda r: r['pass_at_n']), '—']]
+  rules = [k.split()[1] for k in rows[0]['attribution'] if k.startswith('progress_advantage ')]
+  fa = [[f'`{scorer}`'] + [_mean_std(rows, lambda r, k=f'{scorer} {rule}':
+                                     r['attribution'][k]['accuracy']) for rule in rules]
+        for scorer in ('progress_advantage', 'policy_logprob')]
+  a = lambda k: _mean_std(rows, lambda r: r['attribution'][k])
+  count = lambda k: f'{np.mean([r["attribution"][k] for r in rows]):.0f}'
+  kl = (f'with a k3 KL to π_ref in the loss (`kl_coef` {s["kl_coef"]:g})' if s['kl_coef'] else
+        'without a KL (the main job\'s run)')
+  return [f'## π_θ: GRPO {kl}', '',
+          f'From `docs/results/{name}` (`{s["command"]}`, {s["wall_s"]:.0f} s): π_θ trained '
+          f'for {s["rl_steps"]} RL steps from π_ref (final greedy accuracy '
+          f'{_mean_std(rows, lambda r: r["rl_final_acc"])}); seeds '
+          f'{", ".join(map(str, s["seeds"]))}. Per seed {sc["prompts"]} held-out prompts with '
+          f'N = {sc["group_size"]} samples each from π_θ at temperature {sc["temperature"]:g}; '
+          f'β = {sc["beta"]:g}. Mean±std over seeds.', '',
+          '### Best-of-N and uncertainty', '',
+          'Accuracy of the top-scoring response per prompt, and the AUROC of the trajectory '
+          'score for correctness over all responses, by token/step aggregation:', ''] + table(
+              ['scorer', 'token/step', 'best-of-N accuracy', 'AUROC'], sel) + [
+          '', 'Paired over seeds, mean [95 % t interval]:', ''] + table(
+              ['difference', 'value'], [[k, interval(v)] for k, v in s['paired'].items()]) + [
+          '', '### Failure attribution', '',
+          f'On the failed responses whose first wrong step was written ({count("attributable")} '
+          f'of {count("failed")} per seed on average), how often the predicted step is the first '
+          f'wrong one (the step verifier), token aggregation `{sc["failure_token_agg"]}`. Always '
+          f'naming the first step is right for {a("first_step")}, the last step for '
+          f'{a("last_step")}.', ''] + table(['scorer'] + [f'`{r}`' for r in rules], fa) + ['']
+
+
+def answer_copy_section(name: str) -> list:
+  """experiments/answer_copy.py: where answer_only's collapse happens."""
+  s = load(name)
+  keys = (('acc', 'greedy accuracy'), ('steps_valid', 'all column steps valid'),
+          ('copy_fidelity', 'answer = its scratchpad\'s (copy fidelity)'),
+          ('answer_right_given_steps_valid', 'answer right when the steps are valid'))
+  runs = s['runs']
+  rows = [[what, f3(s['start'][k])] + [pm([r[k] for r in runs[m]]) for m in runs]
+          for k, what in keys]
+  seeds = ', '.join(str(r['seed']) for r in runs[next(iter(runs))])
+  return ['', '## The forecasting gradient mask: what collapses', '',
+          f'From `docs/results/{name}` (`{s["command"]}`, {s["wall_s"]:.0f} s): the main '
+          f'job\'s warm start and, per seed ({seeds}), each method trained from it for '
+          f'{s["rl_steps"]} RL steps at the main job\'s budget; greedy responses to the '
+          f'{s["prompts"]} held-out prompts. Copy fidelity is over the well-formed responses '
+          '(D steps, an answer, EOS). Mean±std over seeds.', ''] + table(
+              ['', 'warm start'] + [f'`{m}`' for m in runs], rows)
+
+
 # Credit accuracy against exact advantages (experiments/credit_quality.py).
 
 def quality_table(summary, metric: str, fmt) -> list:
@@ -246,6 +309,16 @@ def quality_page(name: str) -> list:
 
 
 PROSE = {
+    'progress_scoring': """\
+Progress advantage (`#52`) as its paper uses it: x_t = log π_θ(y_t) − log π_ref(y_t) between an
+RL-trained policy and its reference scores responses (`credit.progress_scores`, read from the
+authors' released code), for best-of-N selection, uncertainty (the AUROC of the score for
+correctness) and failure attribution, against the authors' baseline, π_θ's own
+log-probabilities (`policy_logprob`). π_ref is the main job's SFT warm start on `scratch_add`,
+π_θ GRPO from it. The paper's identity, log π*/π_ref = A*/β, is about the optimum of
+KL-regularised RL; the main job trains without a KL, so the second section trains π_θ with one
+(`--config=configs/progress_scoring.py:kl`). The training bonus `progress_advantage` is not
+used here; why it collapses is on [six collapses](../collapses.md).""",
     'collapses': """\
 The measurements behind [six collapses: the reading or the scale](../collapses.md). EM with
 dis-preferred samples rerun with the KL to the reference that its paper regularises it with
@@ -254,8 +327,9 @@ dis-preferred samples rerun with the KL to the reference that its paper regulari
 (`python -m experiments.hindsight --config.methods=grpo:iid,siop:iid`: the hinted warm start
 of `configs/hindsight.py`, GRPO from the same start). Both collapsed to no correct answers
 before (the [lab log](../lab-log.md), runs of earlier commits): EM no longer does, SIOP still
-does. Then PBSD's teacher on the main job's warm start, and SIOP's signal on its own. The
-reruns shared the cores with other jobs: their wall times compare only with each other.""",
+does. Then PBSD's teacher on the main job's warm start, SIOP's signal on its own, and where the
+forecasting gradient mask's collapse happens. The reruns shared the cores with other jobs:
+their wall times compare only with each other.""",
     'main_job': """\
 `python -m experiments.tempo` with its defaults: `grpo:iid` and `tempo:iid` trained from the same
 SFT warm start on `scratch_add` with the same rollout budget, and TEMPO − GRPO paired over seeds.
@@ -288,6 +362,7 @@ TITLES = {
     'collapses': 'Six collapses: the reruns and the teacher',
     'spo_chain_scratch_add': 'SPO-chain after the fix, on `scratch_add`',
     'credit_quality_treerl_variants': 'Credit accuracy: TreeRL, the paper against the code',
+    'progress_scoring': 'Progress advantage as a scorer',
 }
 
 
@@ -302,10 +377,12 @@ def page_lines(page: str) -> list:
     return body + [''] + sum((compare_section(n) for n in names), [])
   if page == 'spo_chain_scratch_add':
     return compare_section('spo_chain_scratch_add.json', 'The runs')
+  if page == 'progress_scoring':
+    return sum((progress_page(n) for n in sources(page)), [])
   if page == 'collapses':
-    *reruns, teacher = sources(page)
+    *reruns, teacher, copy = sources(page)
     return sum((compare_section(n, t) for n, t in zip(reruns, COLLAPSE_TITLES)),
-               []) + teacher_section(teacher)
+               []) + teacher_section(teacher) + answer_copy_section(copy)
   return quality_page(page + '.json')
 
 
@@ -330,8 +407,11 @@ def sources(page_name: str) -> list:
   """The stored summaries a page reads, relative to docs/results."""
   if page_name == 'main_job':
     return main_job_files() + ['main_job_grpo_at_aab4ae0.json']
-  if page_name == 'collapses':  # the reruns (`COLLAPSE_TITLES`), then the teacher
-    return ['policy_losses_em.json', 'hindsight_siop.json', 'hindsight_teacher.json']
+  if page_name == 'collapses':  # the reruns (`COLLAPSE_TITLES`), the teacher, the mask
+    return ['policy_losses_em.json', 'hindsight_siop.json', 'hindsight_teacher.json',
+            'answer_copy.json']
+  if page_name == 'progress_scoring':
+    return ['progress_scoring.json', 'progress_scoring_kl.json']
   return [page_name + '.json']
 
 

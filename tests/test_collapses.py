@@ -184,3 +184,19 @@ def test_pbsd_the_reading_follows_its_teacher_the_teacher_is_the_cause():
   np.testing.assert_allclose(bad[:, :2], good[:, 2:4], rtol=1e-6)
   np.testing.assert_allclose(bad[:, 2:4], good[:, :2], rtol=1e-6)
 
+
+
+@pytest.mark.parametrize('text,want', [
+    ('4+8=12,3+5+1=09,7+9=16,1692<eos>', (1692, 1692)),   # the demonstration's format
+    ('4+8=12,3+5+1=9,7+9=16,1692<eos>', (1692, 1692)),    # a one-digit total
+    ('4+8=12,3+5+1=09,7+9=16,1592<eos>', (1592, 1692)),   # an answer that is not the copy
+    ('4+8=12,3+5+1=09,7+9=06,692<eos>', (692, 692)),      # no carry out of the last column
+    ('4+8=12,3+5+1=09,1692<eos>', None),                  # two steps of three
+    ('4+8=12,3+5+1=09,7+9=16,1692', None),                # no EOS
+    ('4+8=12,3+5+1=,7+9=16,1692<eos>', None)])            # a step without a total
+def test_answer_only_copy_fidelity_reads_the_answer_its_scratchpad_implies(text, want):
+  """`answer_only` (#143): where its collapse happens is measured by experiments/answer_copy.py
+  (docs/collapses.md); its copy fidelity compares the written answer with the one the column
+  totals imply (their units digits, the last carry in front)."""
+  from experiments.answer_copy import implied_answer
+  assert implied_answer(text, 3) == want

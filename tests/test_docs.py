@@ -141,14 +141,28 @@ def leaves(x):
     yield float(x)
 
 
+def _flat(x, path=()):
+  """{path: number} of a run's numeric leaves (nested dicts)."""
+  if isinstance(x, dict):
+    return {k: v for key, val in x.items() for k, v in _flat(val, path + (key,)).items()}
+  if isinstance(x, (int, float)) and not isinstance(x, bool):
+    return {path: float(x)}
+  return {}
+
+
 def over_seeds(summary) -> list:
-  """Mean and std over seeds of each per-run value: what the pages print as mean±std."""
+  """Mean and std over seeds of each per-run value, for every list of runs (dicts) in the
+  summary (a comparison's `methods`, a measurement's `per_seed` or `runs`): what the pages
+  print as mean±std."""
   out = []
-  for runs in summary.get('methods', {}).values():
-    for key, value in runs[0].items():
-      if isinstance(value, (int, float)):
-        xs = [r[key] for r in runs]
-        out += [float(np.mean(xs)), float(np.std(xs))]
+  if isinstance(summary, dict):
+    for v in summary.values():
+      out += over_seeds(v)
+  elif isinstance(summary, list) and summary and all(isinstance(r, dict) for r in summary):
+    flat = [_flat(r) for r in summary]
+    for key in flat[0]:
+      xs = [f[key] for f in flat if key in f]
+      out += [float(np.mean(xs)), float(np.std(xs))]
   return out
 
 

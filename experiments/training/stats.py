@@ -143,3 +143,23 @@ def spearman_interval(x, y, level: float = 0.95, num_boot: int = 10000, seed: in
     lo, hi = (float(q) for q in np.quantile(boot, [0.5 - level / 2, 0.5 + level / 2]))
   return dict(rho=rho, lo=lo, hi=hi, n=int(x.size), level=level, num_boot=int(num_boot),
               valid=int(boot.size))
+
+
+def auroc(scores, labels) -> float:
+  """Area under the ROC curve of `scores` for binary `labels` (True = positive): the chance
+  that a random positive scores above a random negative, ties counting one half (the
+  Mann-Whitney U over n₊·n₋, from average ranks). −inf scores rank last. Degenerate input:
+  with no positive or no negative the area is undefined and nan is returned (as `spearman`
+  does for a constant input). ValueError for lengths that differ or a nan score.
+  """
+  s, y = np.asarray(scores, float).ravel(), np.asarray(labels).ravel()
+  if s.shape != y.shape:
+    raise ValueError(f'auroc: {s.size} scores but {y.size} labels')
+  if np.isnan(s).any():
+    raise ValueError('auroc: a score is nan')
+  y = y.astype(bool)
+  pos, neg = int(y.sum()), int((~y).sum())
+  if pos == 0 or neg == 0:
+    return float('nan')
+  ranks = scipy.stats.rankdata(s)
+  return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
