@@ -2,7 +2,7 @@
 reference score responses, for best-of-N selection, uncertainty and failure attribution.
 
     python -m experiments.progress_scoring [--config=configs/progress_scoring.py]
-        [--workdir=/tmp/treecredit/progress_scoring] [--out=docs/results/progress_scoring.json]
+        [--workdir=DIR] [--out=docs/results/progress_scoring.json]
 
 Per seed: GRPO from the main job's warm start (π_ref) gives π_θ; π_θ samples N responses to
 each held-out prompt. Best-of-N: the accuracy of the top-scoring response per prompt, against
@@ -83,14 +83,13 @@ def attribution(d, sc) -> dict:
   """Failure attribution on the failed responses whose first wrong step was written."""
   failed = ~np.asarray(d['success'])
   truth = np.asarray(d['first_wrong'])
-  steps, valid = scores(d, 'progress_advantage', sc.failure_token_agg, sc.beta)
-  n_steps = np.asarray(valid).sum(-1)
+  by = {scorer: scores(d, scorer, sc.failure_token_agg, sc.beta) for scorer in SCORERS}
+  n_steps = np.asarray(by['progress_advantage'][1]).sum(-1)
   keep = failed & (truth < n_steps)
   out = dict(failed=int(failed.sum()), attributable=int(keep.sum()),
              first_step=float((truth[keep] == 0).mean()),
              last_step=float((truth[keep] == n_steps[keep] - 1).mean()))
-  for scorer in SCORERS:
-    steps, valid = scores(d, scorer, sc.failure_token_agg, sc.beta)
+  for scorer, (steps, valid) in by.items():
     for rule in ps.RULES:
       pred = np.asarray(ps.failure_step(steps, valid, rule=rule))[keep]
       out[f'{scorer} {rule}'] = dict(accuracy=float((pred == truth[keep]).mean()),
@@ -147,7 +146,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, command: str) -> dict:
 def main():
   config = config_flags.DEFINE_config_file(
       'config', os.path.join(ROOT, 'configs', 'progress_scoring.py'), 'Scoring config.')
-  workdir = flags.DEFINE_string('workdir', '/tmp/treecredit/progress_scoring', 'Run directory.')
+  workdir = flags.DEFINE_string('workdir', '', 'Run directory (default /tmp/treecredit/'
+                                 'progress_scoring, with _kl for a run with a KL).')
   out = flags.DEFINE_string('out', os.path.join(ROOT, 'docs', 'results', 'progress_scoring.json'),
                             'Where the summary goes.')
 
@@ -156,7 +156,8 @@ def main():
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     command = ' '.join(['python -m experiments.progress_scoring'] +
                        [a for a in sys.argv[1:] if a.startswith('--config')])
-    summary = run(config.value, workdir.value, command)
+    kl = '_kl' if config.value.loss.kl_coef else ''
+    summary = run(config.value, workdir.value or f'/tmp/treecredit/progress_scoring{kl}', command)
     with open(out.value, 'w') as f:
       json.dump(summary, f, indent=1)
       f.write('\n')
