@@ -142,21 +142,10 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
   `aot.decode_hbm_bytes`, the analytic lower bound; roofline: it over the HBM bandwidth.
   """
   import jax
-  import jax.numpy as jnp
   import numpy as np
   from experiments.rollouts import sampling
-  mesh = aot.make_mesh(topo, shape.fsdp, shape.model)
-  # Held while sampling (as `aot.Compiler`'s outside bytes): optimizer state, reference params.
-  held, params, param_bytes = _held_and_params(cfg, shape, mesh)
+  mesh, held, params, param_bytes, prompts, plen, u, knobs = _sampler_inputs(cfg, shape, topo)
   b, l, g = shape.num_prompts, shape.response_len, shape.group_size
-  rep = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec()))
-  prompts = jax.ShapeDtypeStruct((b, shape.prompt_len), jnp.int32,
-                                 sharding=aot.rows_sharding(mesh, b))
-  plen = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=aot.rows_sharding(mesh, b))
-  u = rep((b, g, l), jnp.float32)
-  knobs = dict(temperature=rep((), jnp.float32), top_k=rep((), jnp.int32),
-               top_p=rep((), jnp.float32))
   gib = 2.0 ** 30
   lines = [f'i.i.d. sampler on {topo.name}, mesh {dict(mesh.shape)}: {b} prompts x G {g}, '
            f'prompt {shape.prompt_len} + response {l}, {np.dtype(cfg.dtype).name}; per device:',
@@ -188,18 +177,31 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
   return '\n'.join(lines)
 
 
-def _held_and_params(cfg, shape, mesh):
-  """(bytes per device the loop holds while sampling: optimizer state and reference params,
-  the policy's abstract params, their bytes in all)."""
+def _sampler_inputs(cfg, shape, topo):
+  """The sampler reports' mesh and abstract inputs: (mesh, bytes per device the loop holds
+  while sampling (optimizer state and reference params, as `aot.Compiler`'s outside bytes),
+  the policy's params, their bytes in all, prompts, prompt lengths, uniforms [B, G, L], the
+  sampling knobs)."""
   import math
   import jax
+  import jax.numpy as jnp
   import numpy as np
+  mesh = aot.make_mesh(topo, shape.fsdp, shape.model)
   state = aot.abstract_state(cfg, mesh)
   held = aot.chip_bytes((state.opt_state, state.step, state.rng)) + (
       aot.chip_bytes(state.params) if shape.ref else 0)
   total = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
               for x in jax.tree.leaves(state.params))
-  return held, state.params, total
+  b = shape.num_prompts
+  rep = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
+  prompts = jax.ShapeDtypeStruct((b, shape.prompt_len), jnp.int32,
+                                 sharding=aot.rows_sharding(mesh, b))
+  plen = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=aot.rows_sharding(mesh, b))
+  u = rep((b, shape.group_size, shape.response_len), jnp.float32)
+  knobs = dict(temperature=rep((), jnp.float32), top_k=rep((), jnp.int32),
+               top_p=rep((), jnp.float32))
+  return mesh, held, state.params, total, prompts, plen, u, knobs
 
 
 def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
@@ -209,19 +211,10 @@ def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
   (`aot.decode_hbm_bytes`, with `aot.tree_slots_read`) and roofline.
   """
   import jax
-  import jax.numpy as jnp
   import numpy as np
   from experiments.rollouts import sampling
-  mesh = aot.make_mesh(topo, shape.fsdp, shape.model)
-  held, params, param_bytes = _held_and_params(cfg, shape, mesh)
+  mesh, held, params, param_bytes, prompts, plen, u, knobs = _sampler_inputs(cfg, shape, topo)
   b, l, g = shape.num_prompts, shape.response_len, shape.group_size
-  rep = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec()))
-  prompts = jax.ShapeDtypeStruct((b, shape.prompt_len), jnp.int32,
-                                 sharding=aot.rows_sharding(mesh, b))
-  plen = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=aot.rows_sharding(mesh, b))
-  knobs = dict(temperature=rep((), jnp.float32), top_k=rep((), jnp.int32),
-               top_p=rep((), jnp.float32))
   gib = 2.0 ** 30
   lines = [f'tree_fixed sampler on {topo.name}, mesh {dict(mesh.shape)}: {b} prompts x '
            f'branching {shape.branching} (G {g}), forks every {shape.segment_len} tokens, '
@@ -233,7 +226,7 @@ def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
       exe = sampling._tree_fixed.lower(
-          params, prompts, rep((b, g, l), jnp.float32), plen, knobs, cfg=cfg,
+          params, prompts, u, plen, knobs, cfg=cfg,
           branching=tuple(shape.branching), segment_len=shape.segment_len,
           eos_id=shape.eos_id, pad_id=0, layout=layout).compile()
     mem = exe.memory_analysis()
