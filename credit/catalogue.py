@@ -38,7 +38,8 @@ class Method:
 PAPERS = {
     'a3po': ('A3PO (#118, vague: our reading)', (118,), 'configs/entropy_weighting.py', 'experiments/entropy_weighting.py'),
     'a_grae': ('A-GRAE (#69, stateful)', (69,), 'configs/polarity.py', 'experiments/polarity.py'),
-    'aapo': ('AAPO (#48, vague: our reading; stateful)', (48,), 'configs/confidence.py', 'experiments/confidence.py'),
+    'aapo': ('AAPO (#48): the reference model\'s response as the baseline, as the public code', (48,), 'configs/confidence.py', 'experiments/confidence.py'),
+    'aapo_history': ('AAPO (#48) with a baseline tracked over training: ours (stateful)', (48,), 'configs/confidence.py', 'experiments/confidence.py'),
     'adhint': ('ADHint (#94), difficulty-scheduled hints (issue 23)', (94,), 'configs/hints.py:adhint', 'experiments/hints.py'),
     'adora': ('ADORA (#23, vague: the length criterion)', (23,), 'configs/confidence.py', 'experiments/confidence.py'),
     'advantage_model': ('Advantage Model (#77, issue 24)', (77,), 'configs/ppo.py:advantage', 'experiments/ppo.py'),
@@ -133,16 +134,14 @@ PAPERS = {
     'treeps': ('TreePS-RAG (#181), multi-level step tree (issue 23)', (181,), 'configs/tree_search.py:steps', 'experiments/tree_search.py'),
     'treerl': ('TreeRL / EPTree (Hou et al. 2025)', (), 'configs/treerl.py', 'experiments/treerl.py'),
     'ucas': ('UCAS (#15)', (15,), 'configs/entropy_weighting.py', 'experiments/entropy_weighting.py'),
-    'verl_rank': ('VERL, effective rank (#108, vague: our reading)', (108,), 'configs/confidence.py', 'experiments/confidence.py'),
+    'verl_rank': ('VERL, effective rank of hidden states (#108, vague: our reading)', (108,), 'configs/confidence.py', 'experiments/confidence.py'),
+    'verl_rank_tokens': ('VERL (#108) on token one-hots instead of hidden states: ours', (108,), 'configs/confidence.py', 'experiments/confidence.py'),
     'vimpo': ('VIMPO (#32)', (32,), 'configs/implied_values.py', 'experiments/implied_values.py'),
     'wapo': ('WAPO (#89)', (89,), 'configs/polarity.py', 'experiments/polarity.py'),
 }
 
 # Readings where a stand-in replaces the quantity the method is about (issue 40, item 4).
 STAND_INS = {
-    'verl_rank': 'the effective rank of hashed one-hot token ids, not of hidden states',
-    'aapo': ("an EMA of the prompt's earlier rewards (with rl.prompt_pool; else of the batch "
-             "reward), not a reference-model response's reward"),
     'appo': ("the released scripts' future-KL loss weight (each token's advantage times "
              "1 + clip(exp(FutureKL), 1, 1.2)) is not applied; the reward scale M is 1 (upstream "
              "it acts only when the branch is at the last token: docs/conventions.md)"),

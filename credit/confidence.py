@@ -238,26 +238,24 @@ def prefix_effective_rank(tokens, mask, buckets: int):
   return jnp.where(mask, jnp.exp(ent), 0.0)
 
 
-@register("verl_rank")
-def verl_rank(rollouts: Rollouts, beta: float = 0.1, buckets: int = 64, eps: float = 1e-6):
-  """VERL (#108, Velocity-Exploiting Rank-Learning), our reading of a vague abstract: the
-  effective rank ER of a response's representations measures exploration, its velocity
-  ERV and acceleration ERA (first and second differences along the response) exploitation
-  dynamics, and ERA gates a dual-channel bonus:
+def prefix_effective_rank_hidden(hidden, mask):
+  """float32 [..., G, L]: effective rank exp(H(σ/Σσ)) of each prefix's matrix of hidden
+  states (rows h_1..h_t, `hidden` [..., G, L, D]; σ its singular values, zero rows add
+  none); 0 on masked positions and for an all-zero prefix. L singular value decompositions
+  of L × D a row: for responses of tens to hundreds of tokens, not thousands."""
+  h = jnp.where(mask[..., None], jnp.asarray(hidden, jnp.float32), 0.0)
+  l = mask.shape[-1]
+  upto = jnp.arange(l)[:, None] >= jnp.arange(l)[None, :]  # [t, i]: row i in prefix t
+  sv = jnp.linalg.svd(jnp.where(upto[:, :, None], h[..., None, :, :], 0.0),
+                      compute_uv=False)  # [..., L(t), min(L, D)]
+  p = sv / jnp.maximum(jnp.sum(sv, -1, keepdims=True), 1e-30)
+  ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+  return jnp.where(mask & (jnp.sum(sv, -1) > 0), jnp.exp(ent), 0.0)
 
-    Φ_i = g_i·z(ER_i) + (1 − g_i)·z(ERV_i),  g_i = sigmoid(z(ERA_i)),
-    A_i = A_i^GRPO + β·tanh(Φ_i)
 
-  with z a within-group z-score, ER_i the full response's ER, ERV_i and ERA_i the means of
-  the differences of the prefix ERs. The paper uses hidden states, which rollouts do not
-  carry: the representation here is each token's one-hot over `buckets` hashed ids
-  (`prefix_effective_rank`), exact for vocabularies up to `buckets`. β = `beta` (0 gives
-  GRPO exactly); the gate and tanh bound are ours. Empty responses get A^GRPO (0 tokens).
-  """
-  check_range("beta", beta, 0.0)
-  _check_buckets(buckets)
+def _verl(rollouts: Rollouts, er, beta: float, eps: float):
+  """VERL's advantage from the prefix effective ranks er [..., G, L] (`verl_rank`)."""
   mask = rollouts.mask
-  er = prefix_effective_rank(rollouts.tokens, mask, int(buckets))
   n = jnp.sum(mask, axis=-1)
   final = jnp.take_along_axis(er, jnp.maximum(n - 1, 0)[..., None], axis=-1)[..., 0]
   vel = er[..., 1:] - er[..., :-1]
@@ -268,6 +266,44 @@ def verl_rank(rollouts: Rollouts, beta: float = 0.1, buckets: int = 64, eps: flo
   phi = gate * _zscore(final) + (1.0 - gate) * _zscore(erv)
   adv = grpo_per_response(rollouts.rewards, eps=eps)
   return to_tokens(adv + beta * jnp.tanh(phi), mask)
+
+
+@register("verl_rank", needs=("hidden_states",))
+def verl_rank(rollouts: Rollouts, beta: float = 0.1, eps: float = 1e-6):
+  """VERL (#108, Velocity-Exploiting Rank-Learning), our reading of a vague abstract: the
+  effective rank ER of a response's hidden states measures exploration, its velocity
+  ERV and acceleration ERA (first and second differences along the response) exploitation
+  dynamics, and ERA gates a dual-channel bonus:
+
+    Φ_i = g_i·z(ER_i) + (1 − g_i)·z(ERV_i),  g_i = sigmoid(z(ERA_i)),
+    A_i = A_i^GRPO + β·tanh(Φ_i)
+
+  with z a within-group z-score, ER_i the full response's ER, ERV_i and ERA_i the means of
+  the differences of the prefix ERs (`prefix_effective_rank_hidden` of
+  `rollouts.hidden_states`: the policy's final hidden state at each response position, the
+  one predicting the token). β = `beta` (0 gives GRPO exactly); the gate and tanh bound are
+  ours. Empty responses get A^GRPO (0 tokens). `verl_rank_tokens`: the same on token
+  one-hots.
+  """
+  check_range("beta", beta, 0.0)
+  if rollouts.hidden_states is None:
+    raise ValueError("verl_rank needs rollouts.hidden_states: the policy's final hidden state "
+                     "at each response position (the loop's HiddenStates pass).")
+  er = prefix_effective_rank_hidden(rollouts.hidden_states, rollouts.mask)
+  return _verl(rollouts, er, beta, eps)
+
+
+@register("verl_rank_tokens")
+def verl_rank_tokens(rollouts: Rollouts, beta: float = 0.1, buckets: int = 64,
+                     eps: float = 1e-6):
+  """`verl_rank` (#108) with each token's one-hot over `buckets` hashed ids as its
+  representation instead of a hidden state (`prefix_effective_rank`, exact for vocabularies
+  up to `buckets`): a token-count statistic, the project's reading before hidden states
+  reached the estimators; no extra forward pass."""
+  check_range("beta", beta, 0.0)
+  _check_buckets(buckets)
+  return _verl(rollouts, prefix_effective_rank(rollouts.tokens, rollouts.mask, int(buckets)),
+               beta, eps)
 
 
 def _outcome(tokens, mask, answer_tokens):

@@ -120,34 +120,60 @@ def _aapo_update(state, rollouts, momentum: float = 0.1, **_):
     y, seen = jnp.mean(rewards), True
   else:
     pool = state["reference"].shape[0]
-    y, seen = per_prompt_mean(pool_ids(rollouts, pool, "aapo"), jnp.mean(rewards, -1), pool)
+    y, seen = per_prompt_mean(pool_ids(rollouts, pool, "aapo_history"),
+                              jnp.mean(rewards, -1), pool)
   rate = jnp.where(state["count"] == 0, 1.0, momentum)
   return {"reference": jnp.where(seen, (1.0 - rate) * state["reference"] + rate * y,
                                  state["reference"]),
           "count": state["count"] + seen}
 
 
-@register("aapo", state=(_aapo_init, _aapo_update))
-def aapo(rollouts: Rollouts, coef: float = 1.0, clip_low: float = 0.2, clip_high: float = 0.28,
-         momentum: float = 0.1, eps: float = 1e-6):
-  """AAPO (#48, Advantage-Augmented Policy Optimization), our reading of a vague abstract:
-  GRPO plus a clipped advantage momentum,
+def _aapo_term(rewards, ref, coef, clip_low, clip_high, eps):
+  """GRPO + c·clip(R − b, −clip_low, clip_high), per response [..., G]."""
+  return grpo_per_response(rewards, eps=eps) + coef * jnp.clip(rewards - ref, -clip_low,
+                                                                clip_high)
 
-    A_i = A_i^GRPO + c·clip(R_i − b, −`clip_low`, `clip_high`).
 
-  In the public code b is the reward of a response the reference model sampled for the
-  same prompt (clip −0.2/+0.28). Rollouts have no reference-model samples, so b here is
-  the reference reward tracked over training: with prompts that recur (a state made for a
-  pool, `credit.init_state(..., prompts=N)`; the loop's `rl.prompt_pool`) an EMA (rate
-  `momentum`) of that prompt's mean reward at its earlier visits (a first visit uses its
-  own group's mean), else an EMA of the batch mean reward before this batch (one global
-  state; the first batch uses its own mean). The term keeps a signal in groups whose GRPO
-  advantages vanish. c = `coef` (0 gives GRPO exactly). AAPO's cross-entropy loss (no
-  ratio) is a loss choice, not part of this.
-  """
+def _aapo_checks(coef, clip_low, clip_high):
   check_range("coef", coef, 0.0)
   check_range("clip_low", clip_low, 0.0)
   check_range("clip_high", clip_high, 0.0)
+
+
+@register("aapo", needs=("ref_rewards",))
+def aapo(rollouts: Rollouts, coef: float = 1.0, clip_low: float = 0.2, clip_high: float = 0.28,
+         eps: float = 1e-6):
+  """AAPO (#48, Advantage-Augmented Policy Optimization): GRPO plus a clipped advantage
+  momentum against the reference model,
+
+    A_i = A_i^GRPO + c·clip(R_i − b, −`clip_low`, `clip_high`),
+
+  b the reward of a response the frozen reference model sampled for the same prompt
+  (`rollouts.ref_rewards`, one per group), as the public code computes it (clip −0.2 /
+  +0.28). The term keeps a signal in groups whose GRPO advantages vanish. c = `coef` (0
+  gives GRPO exactly). AAPO's cross-entropy loss (no ratio) is a loss choice, not part of
+  this. `aapo_history` is the earlier reading, b from the rewards seen in training.
+  """
+  _aapo_checks(coef, clip_low, clip_high)
+  if rollouts.ref_rewards is None:
+    raise ValueError("aapo needs rollouts.ref_rewards: the reward of a response the reference "
+                     "model sampled for each prompt (the loop's ReferenceSamples pass).")
+  rewards = jnp.asarray(rollouts.rewards, jnp.float32)
+  ref = jnp.asarray(rollouts.ref_rewards, jnp.float32)[..., None]
+  return to_tokens(_aapo_term(rewards, ref, coef, clip_low, clip_high, eps), rollouts.mask)
+
+
+@register("aapo_history", state=(_aapo_init, _aapo_update))
+def aapo_history(rollouts: Rollouts, coef: float = 1.0, clip_low: float = 0.2,
+                 clip_high: float = 0.28, momentum: float = 0.1, eps: float = 1e-6):
+  """AAPO (#48) with b tracked over training instead of sampled from the reference model
+  (`aapo`): with prompts that recur (a state made for a pool, `credit.init_state(...,
+  prompts=N)`; the loop's `rl.prompt_pool`) an EMA (rate `momentum`) of that prompt's mean
+  reward at its earlier visits (a first visit uses its own group's mean), else an EMA of the
+  batch mean reward before this batch (one global state; the first batch uses its own mean).
+  The project's reading before the reference samples were built; no extra sampling.
+  """
+  _aapo_checks(coef, clip_low, clip_high)
   check_range("momentum", momentum, 0.0, 1.0, lo_open=True)
   state = rollouts.credit_state if rollouts.credit_state is not None else _aapo_init()
   state = jax.tree.map(jnp.asarray, state)
@@ -155,11 +181,10 @@ def aapo(rollouts: Rollouts, coef: float = 1.0, clip_low: float = 0.2, clip_high
   if state["reference"].ndim == 0:
     ref = jnp.where(state["count"] == 0, jnp.mean(rewards), state["reference"])
   else:
-    ids = pool_ids(rollouts, state["reference"].shape[0], "aapo")
+    ids = pool_ids(rollouts, state["reference"].shape[0], "aapo_history")
     ref = jnp.where(state["count"][ids] == 0, jnp.mean(rewards, -1),
                     state["reference"][ids])[..., None]
-  margin = jnp.clip(rewards - ref, -clip_low, clip_high)
-  return to_tokens(grpo_per_response(rewards, eps=eps) + coef * margin, rollouts.mask)
+  return to_tokens(_aapo_term(rewards, ref, coef, clip_low, clip_high, eps), rollouts.mask)
 
 
 @register("adora")

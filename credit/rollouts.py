@@ -64,6 +64,10 @@ class Rollouts:
       padded to G (the 'knapsack' sampler; Knapsack RL, #59). Padded rows have an all-False
       `mask`. Only estimators registered with `rows=True` accept it (`credit.register`);
       None means every row.
+    hidden_states: float32 [..., G, L, D], the policy's final hidden state at each response
+      position (the one predicting the token; VERL's representations), or None.
+    ref_rewards: float32 [...], the reward of a response the frozen reference policy sampled
+      for each group's prompt (AAPO's baseline), or None.
     prompt_ids: int32 [...], each group's index in a fixed prompt pool (a loop's
       `rl.prompt_pool`) when prompts recur, or None (drawn fresh). A stateful estimator with
       a history per prompt (`credit.per_prompt`) reads it when its state was made for a pool.
@@ -95,6 +99,8 @@ class Rollouts:
   parent: Optional[jax.Array] = None
   fork: Optional[jax.Array] = None
   prompt_ids: Optional[jax.Array] = None
+  ref_rewards: Optional[jax.Array] = None
+  hidden_states: Optional[jax.Array] = None
   extras: Optional[dict] = None
 
   @property

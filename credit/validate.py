@@ -40,7 +40,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
   prompt_logprobs is [..., P] real, finite on `prompt_mask` (bool [..., P]; all of P
   without one); a policy_mask is boolean, of the tokens' shape and inside mask; a row_mask
   is boolean [..., G] and False only on rows with no tokens; prompt_ids are integers [...]
-  (one per group), not negative; an explicit tree has the tokens' mask; fork edges (parent, fork) come together, integers
+  (one per group), not negative; ref_rewards are [...] real numbers, finite in float32;
+  hidden_states are real [..., G, L, D], finite on unmasked tokens; an explicit tree has the tokens' mask; fork edges (parent, fork) come together, integers
   [..., G], each response forked from an earlier one and copying its tokens; step_probes
   are [..., G, S+1] (S >= 1), log-probs and entropies real and finite where their boolean
   mask is True; `turns` (multi-turn trajectories) pass `credit.validate_turns` against the
@@ -108,6 +109,21 @@ def validate(rollouts: Rollouts) -> Rollouts:
     if _concrete(ids) and np.any(np.asarray(ids) < 0):
       raise ValueError(f"prompt_ids must be pool indices >= 0; got "
                        f"{np.asarray(ids)[np.asarray(ids) < 0][:5].tolist()}.")
+  if rollouts.ref_rewards is not None:
+    ref = _array(rollouts.ref_rewards)
+    if ref.shape != tokens.shape[:-2] or not _is_real(ref.dtype, allow_bool=True):
+      raise ValueError(f"ref_rewards must be real numbers [...] = {tokens.shape[:-2]}, one per "
+                       f"group; got {ref.dtype} {ref.shape}.")
+    if _concrete(ref) and not np.all(np.isfinite(np.asarray(ref, np.float32))):
+      raise ValueError("ref_rewards must be finite in float32.")
+  if rollouts.hidden_states is not None:
+    h = _array(rollouts.hidden_states)
+    if h.ndim != tokens.ndim + 1 or h.shape[:-1] != tokens.shape or not _is_real(h.dtype):
+      raise ValueError(f"hidden_states must be real [..., G, L, D] with [..., G, L] = "
+                       f"{tokens.shape}; got {h.dtype} {h.shape}.")
+    if concrete and _concrete(h) and not np.all(
+        np.isfinite(np.asarray(h, np.float32)[np.asarray(mask)])):
+      raise ValueError("hidden_states must be finite on unmasked tokens.")
   _check_forks(rollouts, tokens, mask, concrete)
   tree = rollouts.tree
   if tree is not None:

@@ -30,6 +30,10 @@ NEEDS = {
     'step_probes': Need('rollouts', 'the gold continuation scored after each reasoning step'),
     'token_rewards': Need('rollouts', "the task's per-step process rewards, per token"),
     'step_ends': Need('rollouts', 'the last token of each reasoning step'),
+    'ref_rewards': Need('rollouts', 'the reward of a response the frozen reference policy '
+                        'samples for each prompt'),
+    'hidden_states': Need('rollouts', "the policy's final hidden state at each response "
+                          'position'),
     'turns': Need('rollouts', 'the turn structure of multi-turn trajectories (`Turns`)'),
     # Turns fields a multi-turn problem computes.
     'values_star': Need('turns', "the exact solver's optimal value of each turn's state"),

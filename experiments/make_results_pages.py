@@ -309,6 +309,21 @@ def quality_page(name: str) -> list:
 
 
 PROSE = {
+    'verl_hidden': """\
+`python -m experiments.confidence --config.methods=grpo:iid,verl_rank:iid,verl_rank_tokens:iid
+--config.seeds="(0,1,2,3,4)"`: VERL (`#108`) after its effective ranks came from the policy's
+hidden states, as the paper's (`verl_rank`), beside the earlier reading on hashed token
+one-hots (`verl_rank_tokens`) and GRPO, on the confidence family's budget (the main job's) from
+the main job's SFT start; the GRPO runs are the ones on the AAPO page (the same workdir). The
+runs shared the cores with other jobs: their wall times do not compare.""",
+    'aapo_reference': """\
+`python -m experiments.confidence --config.methods=grpo:iid,aapo:iid,aapo_history:iid
+--config.seeds="(0,1,2,3,4)"`: AAPO (`#48`) after its baseline became the reward of a response the
+frozen reference model samples for each prompt, as AAPO's public code computes it (`aapo`), beside
+the earlier reading, a baseline tracked over training (`aapo_history`), and GRPO, on the
+confidence family's budget (the main job's) from the main job's SFT start. The reference's
+responses count as generated tokens, so `aapo` reaches a given budget in fewer steps. The runs
+shared the cores with other jobs: their wall times do not compare.""",
     'progress_scoring': """\
 Progress advantage (`#52`) as its paper uses it: x_t = log π_θ(y_t) − log π_ref(y_t) between an
 RL-trained policy and its reference scores responses (`credit.progress_scores`, read from the
@@ -363,6 +378,8 @@ TITLES = {
     'spo_chain_scratch_add': 'SPO-chain after the fix, on `scratch_add`',
     'credit_quality_treerl_variants': 'Credit accuracy: TreeRL, the paper against the code',
     'progress_scoring': 'Progress advantage as a scorer',
+    'aapo_reference': "AAPO with the reference model's baseline",
+    'verl_hidden': 'VERL on hidden states',
 }
 
 
@@ -375,8 +392,8 @@ def page_lines(page: str) -> list:
     names = sources(page)
     body = ['## Every machine', '', main_job_table(), ''] + cross_machine(main_job_files())
     return body + [''] + sum((compare_section(n) for n in names), [])
-  if page == 'spo_chain_scratch_add':
-    return compare_section('spo_chain_scratch_add.json', 'The runs')
+  if page in ('spo_chain_scratch_add', 'aapo_reference', 'verl_hidden'):
+    return compare_section(page + '.json', 'The runs')
   if page == 'progress_scoring':
     return sum((progress_page(n) for n in sources(page)), [])
   if page == 'collapses':

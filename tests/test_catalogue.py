@@ -41,7 +41,7 @@ def test_rows_read_the_registry():
   assert m.hparams == {'threshold': 0.9, 'whiten': True, 'eps': 1e-8}
   assert catalogue.entry('gepo').stateful and 'entropy' in catalogue.entry('gepo').needs
   assert catalogue.entry('gigpo').family == 'agent'
-  assert catalogue.entry('verl_rank').stand_in
+  assert catalogue.entry('appo').stand_in and not catalogue.entry('verl_rank').stand_in
   assert {m.name for m in catalogue.catalogue(need='turns')} == {
       n for n in credit.names() if 'turns' in credit.needs(n)}
 

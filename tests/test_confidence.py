@@ -15,7 +15,8 @@ import credit
 import credit.confidence  # noqa: F401  (registers the estimators)
 from groups import groups, grpo_ref
 
-NAMES = ["canon", "canon_length", "gepo", "progrpo", "verl_rank", "outcome_explore"]
+NAMES = ["canon", "canon_length", "gepo", "progrpo", "verl_rank", "verl_rank_tokens",
+         "outcome_explore"]
 GROUPS = groups(sizes=(1, 5), lengths=(1, 6), batch=(3,))  # four shapes: few compiles
 
 
@@ -41,7 +42,8 @@ def make(group, seed, p=5):
       tokens=tokens, mask=mask, rewards=rewards,
       logprobs=-rng.exponential(1.0, shape).astype(np.float32),
       entropy=(2 * rng.random(shape)).astype(np.float32), prompt_logprobs=plp,
-      token_rewards=rng.normal(size=shape).astype(np.float32))
+      token_rewards=rng.normal(size=shape).astype(np.float32),
+      hidden_states=rng.normal(size=shape + (3,)).astype(np.float32))
 
 
 def mean_over(x, n):
@@ -284,10 +286,48 @@ def verl_ref(r, beta, buckets):
 
 @settings(max_examples=15, deadline=None)
 @given(GROUPS, st.integers(0, 2**31 - 1), st.sampled_from([2, 64]))
-def test_verl_rank_matches_the_reference(group, seed, buckets):
+def test_verl_rank_tokens_matches_the_reference(group, seed, buckets):
   r = make(group, seed)
-  check(run("verl_rank", r, beta=0.4, buckets=buckets), verl_ref(r, 0.4, buckets),
+  check(run("verl_rank_tokens", r, beta=0.4, buckets=buckets), verl_ref(r, 0.4, buckets),
         r.mask, atol=2e-5)
+
+
+def hidden_rank_ref(h):
+  """Effective rank of each prefix h[:t] by numpy's SVD (float64)."""
+  out = []
+  for t in range(1, len(h) + 1):
+    sv = np.linalg.svd(np.asarray(h[:t], np.float64), compute_uv=False)
+    p = sv[sv > 1e-9 * max(sv.max(), 1e-300)] / sv.sum() if sv.sum() > 0 else []
+    out.append(math.exp(-np.sum(p * np.log(p))) if len(p) else 0.0)
+  return out
+
+
+@settings(max_examples=10, deadline=None)
+@given(GROUPS, st.integers(0, 2**31 - 1))
+def test_hidden_state_effective_rank_matches_an_svd(group, seed):
+  r = make(group, seed)
+  h = np.array(r.hidden_states)
+  if h.shape[-2] > 2:  # a repeated state and a zero one
+    h[..., 1, :] = h[..., 0, :]
+    h[..., 2, :] = 0.0
+  er = np.asarray(jax.jit(credit.confidence.prefix_effective_rank_hidden)(h, r.mask))
+  for idx in np.ndindex(r.mask.shape[:-1]):
+    n = int(r.mask[idx].sum())
+    np.testing.assert_allclose(er[idx][:n], hidden_rank_ref(h[idx][:n]), rtol=1e-4, atol=1e-4)
+    assert not er[idx][n:].any()
+
+
+@given(GROUPS, st.integers(0, 2**31 - 1))
+def test_verl_rank_on_token_one_hots_is_verl_rank_tokens(group, seed):
+  """Hidden states that are each token's one-hot over 4 hashed ids give the token reading:
+  the singular values of a prefix's one-hot rows are the square roots of its id counts
+  (equal to float32 rounding of the SVD, which the z-scores amplify: 1e-4)."""
+  r = make(group, seed)
+  onehot = np.eye(4, dtype=np.float32)[np.asarray(r.tokens) % 4]
+  np.testing.assert_allclose(run("verl_rank", r.replace(hidden_states=onehot), beta=0.4),
+                             run("verl_rank_tokens", r, beta=0.4, buckets=4), atol=1e-4)
+  with pytest.raises(ValueError, match="hidden_states"):
+    credit.get("verl_rank")(r.replace(hidden_states=None))
 
 
 def test_effective_rank_of_distinct_tokens_grows_like_the_prefix():
@@ -347,7 +387,8 @@ def test_outcome_explore_rewards_a_rare_correct_answer_more():
 # --- shared properties ---------------------------------------------------------------------
 
 IDENTITY = {"gepo": dict(attenuation=0.0), "progrpo": dict(alpha=0.0),
-            "verl_rank": dict(beta=0.0), "outcome_explore": dict(coef=0.0)}
+            "verl_rank": dict(beta=0.0), "verl_rank_tokens": dict(beta=0.0),
+            "outcome_explore": dict(coef=0.0)}
 
 
 @pytest.mark.parametrize("name", sorted(IDENTITY))
@@ -373,5 +414,5 @@ def test_jit_vmap_and_degenerate_groups(name):
   adv = np.asarray(run(name, make((tokens, mask, np.full((3, 4), 0.7, np.float32)), 16)))
   chex.assert_tree_all_finite(adv)
   assert np.all(adv[~mask] == 0)
-  if name not in ("verl_rank", "outcome_explore", "progrpo"):  # terms beyond reward spread
+  if name not in ("verl_rank", "verl_rank_tokens", "outcome_explore", "progrpo"):  # beyond
     np.testing.assert_array_equal(adv, 0.0)  # all-equal rewards: exactly 0

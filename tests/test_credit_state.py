@@ -11,14 +11,15 @@ import pytest
 import credit
 from credit import registry
 from credit.outcome import grpo
-from experiments.training import loop, samplers
+from experiments.training import forward, loop, samplers
 from experiments.training import saliency as saliency_lib
 from tests.test_resume import Crash, init_params, strip, tiny_cfg
 
 STATEFUL, PROBE, VISITS = "_test_ema_grpo", "_test_fields_probe", "_test_visits_grpo"
+REF_PROBE = "_test_ref_rewards_probe"
 DECAY = 0.5
-OPTIONAL = ("entropy", "prompt_logprobs", "context_logprobs", "saliency")
-CAPTURED, VISITED = [], []
+OPTIONAL = ("entropy", "prompt_logprobs", "context_logprobs", "saliency", "hidden_states")
+CAPTURED, VISITED, REF_SEEN = [], [], []
 
 
 def ema_init():
@@ -65,13 +66,20 @@ def visits_grpo(rollouts):
   return grpo(rollouts)
 
 
+def ref_rewards_probe(rollouts):
+  """GRPO; records the reference rewards the loop passes (host callback)."""
+  jax.debug.callback(lambda r: REF_SEEN.append(np.asarray(r)), rollouts.ref_rewards)
+  return grpo(rollouts)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def toy_estimators():
   registry.register(STATEFUL, state=(ema_init, ema_update))(ema_grpo)
   registry.register(PROBE, needs=OPTIONAL)(fields_probe)
   registry.register(VISITS, state=(visits_init, visits_update))(visits_grpo)
+  registry.register(REF_PROBE, needs=("ref_rewards",))(ref_rewards_probe)
   yield
-  for name in (STATEFUL, PROBE, VISITS):
+  for name in (STATEFUL, PROBE, VISITS, REF_PROBE):
     registry.unregister(name)
 
 
@@ -142,7 +150,7 @@ def test_optional_inputs_reach_the_estimator_equal_to_direct_computations(tmp_pa
   CAPTURED.clear()
   loop.train(cfg, str(tmp_path / "probe"), p0, method=f"{PROBE}:iid")
   assert len(CAPTURED) == 1
-  tokens, mask, entropy, prompt_lp, ctx_lp, sal = (np.asarray(x) for x in CAPTURED[0])
+  tokens, mask, entropy, prompt_lp, ctx_lp, sal, hidden = (np.asarray(x) for x in CAPTURED[0])
   # Step 0's prompts (the loop's key schedule) and the policy before the update.
   problem = loop.JaxProblem(cfg)
   key = jax.random.fold_in(jax.random.PRNGKey(cfg.rl.seed), 0)
@@ -157,6 +165,9 @@ def test_optional_inputs_reach_the_estimator_equal_to_direct_computations(tmp_pa
   rolled = jnp.roll(prompts, -1, axis=0)  # the next group's prompt
   np.testing.assert_allclose(ctx_lp, np.asarray(loop.rows_logprobs(p0, rolled, tok, m,
                                                                    cfg=pcfg)), atol=1e-6)
+  np.testing.assert_allclose(hidden, np.asarray(forward.rows_hidden(p0, prompts, tok, m, cfg=pcfg)),
+                             atol=1e-6)
+  assert hidden.shape[-1] == pcfg.d_model and np.all(hidden[~mask] == 0)
   assert np.any(np.asarray(prompts) != np.asarray(rolled))  # (non-trivial prompt log-
   # probs: tests/test_context_shift.py)
   np.testing.assert_allclose(sal, np.asarray(saliency_lib.token_saliency(
@@ -180,3 +191,30 @@ def test_a_per_prompt_state_is_made_for_the_pool_and_reads_each_groups_pool_inde
     np.add.at(counts, ids, 1)
   assert counts.max() > 1  # prompts recurred (24 in the pool, 16 a step)
 
+
+
+def test_ref_rewards_are_one_reference_sample_per_prompt_and_its_tokens_count(tmp_path):
+  """AAPO's baseline (#48): the ReferenceSamples pass samples one response per prompt from
+  the frozen reference params with key fold_in(step key, 2) and scores it; the estimator
+  gets exactly those rewards, and the step's generated tokens include the sample's."""
+  from experiments.rollouts import sampling
+  cfg = tiny_cfg(2)
+  params0 = init_params(cfg)
+  REF_SEEN.clear()
+  loop.train(cfg, str(tmp_path), params0, method=f"{REF_PROBE}:iid")
+  assert len(REF_SEEN) == 2
+  problem = loop.build_problem(cfg)
+  rows = [r for r in loop.read_metrics(str(tmp_path / "metrics.jsonl")) if r["step"] > 0]
+  for i, (seen, row) in enumerate(zip(REF_SEEN, rows)):
+    k = jax.random.fold_in(jax.random.PRNGKey(cfg.rl.seed), i)
+    draw = problem.draw(jax.random.fold_in(k, 0), i, 16)
+    ref = sampling.sample_iid(params0, problem.pcfg, jax.random.fold_in(k, 2), draw.prompts, 1,
+                              problem.response_len, eos_id=problem.eos_id,
+                              pad_id=problem.pad_id, prompt_ids=draw.prompt_ids)
+    np.testing.assert_array_equal(seen, np.asarray(problem.rewards(draw, ref)[0])[:, 0])
+    assert row["ref_sample_tokens"] == float(np.sum(ref.mask)) > 0
+    assert row["generated_tokens"] == pytest.approx(
+        row["response_len"] * 16 * 8 + row["ref_sample_tokens"])
+  from configs import agents
+  with pytest.raises(ValueError, match="reference policy samples"):
+    loop.check_config(loop.with_method(agents.get_config(), "aapo:iid"))

@@ -15,7 +15,7 @@ import credit
 import credit.difficulty  # noqa: F401  (registers the estimators)
 from groups import groups, grpo_ref
 
-NAMES = ["mapo", "hadw", "aapo", "adora", "ddca", "dvao", "copo"]
+NAMES = ["mapo", "hadw", "aapo", "aapo_history", "adora", "ddca", "dvao", "copo"]
 GROUPS = groups(sizes=(1, 5), lengths=(1, 6), batch=(3,))  # four shapes: few compiles
 SEEDS = st.integers(0, 2**31 - 1)
 
@@ -39,7 +39,8 @@ def make(group, seed):
   tokens, mask, rewards = group
   rng = np.random.default_rng(seed)
   return credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards,
-                         token_rewards=rng.normal(size=mask.shape).astype(np.float32))
+                         token_rewards=rng.normal(size=mask.shape).astype(np.float32),
+                         ref_rewards=rng.integers(0, 2, rewards.shape[:-1]).astype(np.float32))
 
 
 def fixed(g=4, l=6, b=3, seed=0):
@@ -146,21 +147,36 @@ def test_hadw_at_the_anchor_is_grpo_and_shifts_credit_to_hard_groups():
 
 # --- AAPO ----------------------------------------------------------------------------------
 
+@given(GROUPS, SEEDS)
+def test_aapo_adds_the_clipped_margin_over_the_reference_models_reward(group, seed):
+  r = make(group, seed)
+  want = np.stack([grpo_ref(row) for row in r.rewards])
+  want += 0.7 * np.clip(r.rewards - r.ref_rewards[..., None], -0.2, 0.28)
+  check(run("aapo", r, coef=0.7), want, r.mask)
+
+
+def test_aapo_without_reference_rewards_is_refused_by_name():
+  with pytest.raises(ValueError, match="ref_rewards"):
+    credit.get("aapo")(fixed().replace(ref_rewards=None))
+  with pytest.raises(ValueError, match="ref_rewards"):  # one per group, not per response
+    credit.validate(fixed().replace(ref_rewards=np.zeros((3, 4), np.float32)))
+
+
 @settings(max_examples=10, deadline=None)
 @given(st.lists(st.tuples(GROUPS, SEEDS), min_size=3, max_size=3))
-def test_aapo_adds_the_clipped_margin_over_the_reference_reward(batches):
+def test_aapo_history_adds_the_clipped_margin_over_the_tracked_reward(batches):
   hp = dict(coef=0.7, momentum=0.4)
-  state, (ref, count) = credit.init_state("aapo", **hp), (0.0, 0)
+  state, (ref, count) = credit.init_state("aapo_history", **hp), (0.0, 0)
   for group, seed in batches:
     r = make(group, seed).replace(credit_state=state)
     mean = float(np.mean(r.rewards.astype(np.float64)))
     used = mean if count == 0 else ref
     want = np.stack([grpo_ref(row) for row in r.rewards])
     want += 0.7 * np.clip(r.rewards - used, -0.2, 0.28)
-    check(run("aapo", r, **hp), want, r.mask)
+    check(run("aapo_history", r, **hp), want, r.mask)
     rate = 1.0 if count == 0 else 0.4
     ref, count = (1 - rate) * ref + rate * mean, count + 1
-    state = update("aapo", state, r, tuple(hp.items()))
+    state = update("aapo_history", state, r, tuple(hp.items()))
     np.testing.assert_allclose(state["reference"], ref, rtol=1e-5, atol=1e-6)
 
 
@@ -304,7 +320,7 @@ def test_copo_gives_consistent_groups_a_global_signal():
 
 # --- shared properties ---------------------------------------------------------------------
 
-IDENTITY = {"mapo": dict(mix=0.0), "aapo": dict(coef=0.0),
+IDENTITY = {"mapo": dict(mix=0.0), "aapo": dict(coef=0.0), "aapo_history": dict(coef=0.0),
             "adora": dict(weight=1.0, favoured_weight=1.0), "ddca": dict(beta=0.0),
             "dvao": dict(objectives=("outcome",)), "copo": dict(coef=0.0)}
 
@@ -319,7 +335,8 @@ def test_unit_weights_give_grpo_exactly(name, kind):
   np.testing.assert_array_equal(credit.get(name)(r, **IDENTITY[name]), credit.get("grpo")(r))
 
 
-@pytest.mark.parametrize("name, bad", [("mapo", dict(mix=2.0)), ("aapo", dict(momentum=0.0)),
+@pytest.mark.parametrize("name, bad", [("mapo", dict(mix=2.0)),
+                                       ("aapo_history", dict(momentum=0.0)),
                                        ("aapo", dict(clip_low=-0.1)), ("adora", dict(weight=-1)),
                                        ("ddca", dict(beta=-0.2)), ("copo", dict(coef=1.5)),
                                        ("hadw", dict(eta=2.0))])
@@ -342,6 +359,6 @@ def test_jit_vmap_and_degenerate_groups(name):
   adv = np.asarray(run(name, r.replace(mask=mask, rewards=np.full((3, 4), 0.7, np.float32))))
   chex.assert_tree_all_finite(adv)
   assert np.all(adv[~mask] == 0)
-  if name not in ("aapo", "dvao", "ddca"):  # terms beyond the group's reward spread
+  if name not in ("aapo", "aapo_history", "dvao", "ddca"):  # beyond the group's spread
     np.testing.assert_array_equal(adv, 0.0)
-  assert credit.stateful(name) == (name in ("hadw", "aapo"))
+  assert credit.stateful(name) == (name in ("hadw", "aapo_history"))

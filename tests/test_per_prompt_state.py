@@ -57,11 +57,11 @@ def run(name, tokens, mask, rewards, ids, state, eager=False, **hp):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_aapo_reference_is_each_prompts_own_reward_history(seed):
   hp = dict(coef=0.7, clip_low=0.2, clip_high=0.28, momentum=0.3)
-  state = credit.init_state("aapo", prompts=P, **hp)
+  state = credit.init_state("aapo_history", prompts=P, **hp)
   assert state["reference"].shape == (P,)
   ref, visits = {}, {}  # the reference: prompt id -> EMA of its earlier group means
   for ids, tokens, mask, rewards in batches(seed):
-    adv, state = run("aapo", tokens, mask, rewards, ids, state, **hp)
+    adv, state = run("aapo_history", tokens, mask, rewards, ids, state, **hp)
     for b, p in enumerate(ids):
       base = ref[p] if visits.get(p) else rewards[b].mean()  # a first visit: its own mean
       want = grpo(tokens, mask, rewards)[b] + hp["coef"] * np.clip(
@@ -80,8 +80,8 @@ def test_aapo_reference_is_each_prompts_own_reward_history(seed):
 def test_aapo_pools_a_prompt_drawn_twice_in_one_batch():
   tokens, mask = np.zeros((2, 2, 1), np.int32), np.ones((2, 2, 1), bool)
   rewards = np.array([[1.0, 1.0], [0.0, 0.0]], np.float32)
-  state = credit.init_state("aapo", prompts=3)
-  _, state = run("aapo", tokens, mask, rewards, np.array([2, 2], np.int32), state)
+  state = credit.init_state("aapo_history", prompts=3)
+  _, state = run("aapo_history", tokens, mask, rewards, np.array([2, 2], np.int32), state)
   assert state["count"].tolist() == [0, 0, 1] and float(state["reference"][2]) == 0.5
 
 
@@ -126,8 +126,8 @@ def test_without_a_pool_the_state_is_global_or_none_and_both_zero_coefficients_g
   state = credit.init_state("outcome_explore", prompts=P)
   adv, _ = run("outcome_explore", tokens, mask, rewards, ids, state, coef=0.0, ucb_coef=0.0)
   np.testing.assert_allclose(adv, grpo(tokens, mask, rewards), atol=1e-6)
-  assert credit.init_state("aapo")["reference"].shape == ()
-  assert credit.per_prompt("aapo") and credit.per_prompt("outcome_explore")
+  assert credit.init_state("aapo_history")["reference"].shape == ()
+  assert credit.per_prompt("aapo_history") and credit.per_prompt("outcome_explore")
   for name in ("hadw", "gepo", "capo", "a_grae", "stare", "grpo"):  # histories of the policy
     assert not credit.per_prompt(name)
   assert credit.init_state("hadw", prompts=P)["anchor"].shape == ()  # prompts ignored
@@ -135,7 +135,7 @@ def test_without_a_pool_the_state_is_global_or_none_and_both_zero_coefficients_g
 
 def test_bad_prompt_ids_are_refused_with_the_reason():
   ids, tokens, mask, rewards = next(batches(4))
-  for name in ("aapo", "outcome_explore"):
+  for name in ("aapo_history", "outcome_explore"):
     state = credit.init_state(name, prompts=P)
     with pytest.raises(ValueError, match="needs Rollouts.prompt_ids"):
       run(name, tokens, mask, rewards, None, state, eager=True)
@@ -144,7 +144,7 @@ def test_bad_prompt_ids_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="one per group"):
       run(name, tokens, mask, rewards, ids[:2], state, eager=True)
   with pytest.raises(ValueError, match="prompts must be a non-negative integer"):
-    credit.init_state("aapo", prompts=-1)
+    credit.init_state("aapo_history", prompts=-1)
 
 
 def test_validate_names_malformed_prompt_ids():

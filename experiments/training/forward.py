@@ -85,6 +85,17 @@ def rows_logprobs(params, prompts, tokens, mask, prompt_len=None, packed=None, *
 
 
 @functools.partial(jax.jit, static_argnames=('cfg',))
+def rows_hidden(params, prompts, tokens, mask, prompt_len=None, *, cfg):
+  """float32 [B, G, L, D]: the policy's final hidden state at each response position, the
+  one predicting the token (`decoder.response_hidden`), 0 where masked; flat rows."""
+  b, g, l = tokens.shape
+  rows = lambda x: None if x is None else jnp.repeat(x, g, axis=0)
+  h = decoder.response_hidden(params, cfg, rows(prompts), tokens.reshape(b * g, l),
+                              rows(prompt_len))
+  return jnp.where(mask[..., None], h.reshape(b, g, l, -1), 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=('cfg',))
 def prompt_logprobs(params, prompts, prompt_len=None, *, cfg):
   """float32 [B, P]: teacher-forced log π(prompt token t | prompt tokens < t), 0 on the
   first token and on padding (t >= prompt_len); one forward over the B prompts."""
@@ -176,7 +187,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
   Returns fn(tokens, mask, rewards, parent, fork, logprobs, ref_logprobs, token_rewards=None,
   step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
   prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None, values=None,
-  step_probes=None, hindsight_logprobs=None, row_mask=None, prompt_ids=None, extras=None) ->
+  step_probes=None, hindsight_logprobs=None, row_mask=None, prompt_ids=None, ref_rewards=None,
+  hidden_states=None, extras=None) ->
   (advantages, loss mask);
   ref_logprobs and the optional ones may be None (policy_mask and turns: multi-turn
   trajectories; the keyword ones: the `credit.Rollouts` fields of the same names).
@@ -190,7 +202,7 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
          step_ends=None, policy_mask=None, turns=None, *, entropy=None, prompt_logprobs=None,
          prompt_mask=None, context_logprobs=None, saliency=None, credit_state=None,
          values=None, step_probes=None, hindsight_logprobs=None, row_mask=None, prompt_ids=None,
-         extras=None):
+         ref_rewards=None, hidden_states=None, extras=None):
     t = trees.from_forks(tokens, mask, parent, fork) if tree else None
     rollouts = credit.Rollouts(tokens=tokens, mask=mask, rewards=rewards, logprobs=logprobs,
                                ref_logprobs=ref_logprobs, tree=t, token_rewards=token_rewards,
@@ -201,7 +213,8 @@ def credit_fn(name: str, hparams_json: str, tree: bool, with_state: bool = False
                                step_probes=step_probes,
                                hindsight_logprobs=hindsight_logprobs, row_mask=row_mask,
                                parent=parent if tree else None, fork=fork if tree else None,
-                               prompt_ids=prompt_ids, extras=extras)
+                               prompt_ids=prompt_ids, ref_rewards=ref_rewards,
+                               hidden_states=hidden_states, extras=extras)
     adv = est(rollouts, **hp)
     keep = credit.loss_mask(name, rollouts, adv, **hp)
     if not with_state:

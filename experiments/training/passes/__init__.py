@@ -9,8 +9,9 @@ from experiments.training.passes.critic import Critic
 from experiments.training.passes.experience import Experience
 from experiments.training.passes.imitation import ExpertSFT, InterventionPhase
 from experiments.training.passes.inputs import (ContextLogprobs, Entropy, Hindsight,
-                                                ProcessRewards, PromptLogprobs, Reference,
-                                                Saliency, SelfHindsight, StepProbes, Turns)
+                                                HiddenStates, ProcessRewards, PromptLogprobs,
+                                                Reference, ReferenceSamples, Saliency,
+                                                SelfHindsight, StepProbes, Turns)
 from experiments.training.passes.knapsack import Knapsack
 from experiments.training.passes.off_policy import Lagged, PromptPool, Replay
 
@@ -18,7 +19,8 @@ from experiments.training.passes.off_policy import Lagged, PromptPool, Replay
 # the probes, self-hindsight and the critic, which read the step ends or token rewards).
 PIPELINE = (PromptPool, Lagged, Replay, Knapsack, Experience, Entropy, PromptLogprobs,
             ContextLogprobs, Hindsight, Saliency, CreditState, Critic, Reference,
-            ProcessRewards, StepProbes, SelfHindsight, Turns, InterventionPhase, ExpertSFT)
+            ProcessRewards, StepProbes, SelfHindsight, Turns, InterventionPhase, ExpertSFT,
+            ReferenceSamples, HiddenStates)
 # Checkpoint keys of the loop state, in the order checkpoints have always listed them.
 STATE_KEYS = ('credit_state', 'critic', 'replay', 'behaviour', 'expert_opt', 'pass_rate',
               'library')

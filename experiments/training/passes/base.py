@@ -113,7 +113,8 @@ class Pass:
     return state, {}
 
   def counts(self, run, s):
-    """(tokens of this batch not generated at this step or None, row fields)."""
+    """(tokens to take off this step's generated count, the batch's: those not generated at
+    this step, or minus tokens generated beyond the batch; or None, row fields)."""
     return None, {}
 
   def row_fields(self, run, carry, s) -> dict:

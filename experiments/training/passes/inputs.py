@@ -1,8 +1,10 @@
 """The estimator's optional inputs the loop computes, each only when the estimator `needs`
 it (credit.NEEDS), so the default path costs nothing extra."""
 
+import contextlib
 import time
 
+import jax
 import jax.numpy as jnp
 
 import credit
@@ -10,8 +12,9 @@ from experiments.training import hindsight as hindsight_lib
 from experiments.training import saliency as saliency_lib
 from experiments.training.config_checks import is_agent, loss_config
 from experiments.training.forward import (context_prompts, prompt_logprobs, prompt_scored,
-                                          rows_logprobs)
+                                          rows_hidden, rows_logprobs)
 from experiments.training.passes.base import Pass
+from experiments.rollouts import sampling
 
 
 def _teacher_forced(run, carry, s, prompts, plen):
@@ -35,6 +38,53 @@ class Reference(Pass):
     if run.loss_cfg.kl_in_reward:
       s.train_rewards = s.rewards - run.loss_cfg.kl_coef * jnp.sum(
           credit.kl_k1(s.old_lp, s.ref_lp, s.samples.mask), -1)
+
+
+class ReferenceSamples(Pass):
+  """One response per prompt from the frozen reference policy, and its reward (AAPO's
+  baseline, #48): sampled as the policy's groups are (the run's temperature, top-p, top-k),
+  with its own key, fold_in(step key, 2). Its tokens are generated: they count in the run's
+  generated tokens (`ref_sample_tokens` in the row)."""
+  provides = ('ref_rewards',)
+
+  @classmethod
+  def check(cls, cfg, needs, kind, caps):
+    if kind != 'jax' or 'own_sampler' in caps:
+      raise ValueError(f'credit {cfg.credit.name!r} needs a response the reference policy '
+                       f'samples for each prompt, which the loop draws for single-turn JAX '
+                       f'tasks only; task {cfg.task.name!r} is not one')
+
+  def inputs(self, run, carry, s):
+    t = time.perf_counter()
+    scfg = run.cfg.sampler
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(run.run_seed), s.i), 2)
+    with jax.set_mesh(run.mesh) if run.mesh.size > 1 else contextlib.nullcontext():
+      ref = sampling.sample_iid(run.ref_params, run.pcfg, key, s.prompts, 1,
+                                run.problem.response_len, temperature=scfg.temperature,
+                                top_p=scfg.top_p, top_k=scfg.top_k, eos_id=run.problem.eos_id,
+                                pad_id=run.problem.pad_id, prompt_len=s.plen,
+                                prompt_ids=s.draw.prompt_ids)
+    rewards, _ = run.problem.rewards(s.draw, ref)
+    s.extra['ref_rewards'] = rewards[:, 0]
+    s.times['ref_sample_tokens'] = float(jnp.sum(ref.mask))
+    s.times['ref_sample_s'] = time.perf_counter() - t
+
+  def counts(self, run, s):
+    return -s.times['ref_sample_tokens'], {}  # generated at this step, beyond the batch
+
+  def row_fields(self, run, carry, s):
+    return {k: s.times[k] for k in ('ref_sample_tokens', 'ref_sample_s')}
+
+
+class HiddenStates(Pass):
+  """The policy's final hidden state at each response position (VERL's representations,
+  #108): one extra teacher-forced forward over flat rows, policy tokens only."""
+  provides = ('hidden_states',)
+
+  def inputs(self, run, carry, s):
+    mask = s.samples.mask if s.policy_mask is None else s.policy_mask
+    s.extra['hidden_states'] = rows_hidden(carry.state.params, s.prompts, s.samples.tokens,
+                                           mask, s.plen, cfg=run.pcfg)
 
 
 class Entropy(Pass):
