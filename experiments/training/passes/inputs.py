@@ -8,13 +8,13 @@ import jax
 import jax.numpy as jnp
 
 import credit
+from experiments.rollouts import sampling
 from experiments.training import hindsight as hindsight_lib
 from experiments.training import saliency as saliency_lib
 from experiments.training.config_checks import is_agent, loss_config
 from experiments.training.forward import (context_prompts, prompt_logprobs, prompt_scored,
                                           rows_hidden, rows_logprobs)
 from experiments.training.passes.base import Pass
-from experiments.rollouts import sampling
 
 
 def _teacher_forced(run, carry, s, prompts, plen):
