@@ -118,7 +118,8 @@ def validate(rollouts: Rollouts) -> Rollouts:
       raise ValueError("ref_rewards must be finite in float32.")
   if rollouts.hidden_states is not None:
     h = _array(rollouts.hidden_states)
-    if h.ndim != tokens.ndim + 1 or h.shape[:-1] != tokens.shape or not _is_real(h.dtype):
+    if (h.ndim != tokens.ndim + 1 or h.shape[:-1] != tokens.shape
+        or not _is_real(h.dtype, allow_bool=False)):
       raise ValueError(f"hidden_states must be real [..., G, L, D] with [..., G, L] = "
                        f"{tokens.shape}; got {h.dtype} {h.shape}.")
     if concrete and _concrete(h) and not np.all(

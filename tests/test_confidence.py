@@ -331,6 +331,22 @@ def test_verl_rank_on_token_one_hots_is_verl_rank_tokens(group, seed):
     credit.get("verl_rank")(r.replace(hidden_states=None))
 
 
+def test_hidden_states_are_validated():
+  r = make(next_group(g=4, seed=3), 4)
+  assert credit.validate(r) is r
+  with pytest.raises(ValueError, match=r"hidden_states must be real \[\.\.\., G, L, D\]"):
+    credit.validate(r.replace(hidden_states=r.hidden_states[..., 0]))  # no D axis
+  with pytest.raises(ValueError, match="hidden_states must be real"):
+    credit.validate(r.replace(hidden_states=r.hidden_states > 0))
+  h = np.array(r.hidden_states)
+  h[np.asarray(r.mask)] = np.nan  # every unmasked token's state
+  with pytest.raises(ValueError, match="finite on unmasked tokens"):
+    credit.validate(r.replace(hidden_states=h))
+  h = np.array(r.hidden_states)
+  h[~np.asarray(r.mask)] = np.nan  # masked positions may hold anything
+  credit.validate(r.replace(hidden_states=h))
+
+
 def test_effective_rank_of_distinct_tokens_grows_like_the_prefix():
   rank = jax.jit(credit.confidence.prefix_effective_rank, static_argnums=2)
   tokens = np.arange(5, dtype=np.int32)[None, None]

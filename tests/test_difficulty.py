@@ -160,6 +160,9 @@ def test_aapo_without_reference_rewards_is_refused_by_name():
     credit.get("aapo")(fixed().replace(ref_rewards=None))
   with pytest.raises(ValueError, match="ref_rewards"):  # one per group, not per response
     credit.validate(fixed().replace(ref_rewards=np.zeros((3, 4), np.float32)))
+  with pytest.raises(ValueError, match="ref_rewards must be finite"):
+    credit.validate(fixed().replace(ref_rewards=np.array([0.0, np.nan, 1.0], np.float32)))
+  assert credit.validate(fixed()).ref_rewards is not None
 
 
 @settings(max_examples=10, deadline=None)
