@@ -166,8 +166,7 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
     cost = dec.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     phases = len(sampling.decode_windows(c, l, layout == 'cascade'))
-    peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
-            - mem.alias_size_in_bytes + held)
+    peak = _peak(mem, held)
     hbm = aot.decode_hbm_bytes(c, shape, mesh, param_bytes, layout)
     lines.append(f'  {layout:8s} {phases:6d} {aot.chip_bytes(st.cache) / gib:9.3f} '
                  f'{mem.argument_size_in_bytes / gib:6.2f} {mem.temp_size_in_bytes / gib:6.2f} '
@@ -177,21 +176,24 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
   return '\n'.join(lines)
 
 
+def _peak(mem, held: int) -> int:
+  """A compiled program's bytes per device (XLA's memory analysis: arguments + temporaries +
+  outputs - aliased) plus the bytes the loop holds meanwhile."""
+  return (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
+          - mem.alias_size_in_bytes + held)
+
+
 def _sampler_inputs(cfg, shape, topo):
   """The sampler reports' mesh and abstract inputs: (mesh, bytes per device the loop holds
   while sampling (optimizer state and reference params, as `aot.Compiler`'s outside bytes),
   the policy's params, their bytes in all, prompts, prompt lengths, uniforms [B, G, L], the
   sampling knobs)."""
-  import math
   import jax
   import jax.numpy as jnp
-  import numpy as np
   mesh = aot.make_mesh(topo, shape.fsdp, shape.model)
   state = aot.abstract_state(cfg, mesh)
   held = aot.chip_bytes((state.opt_state, state.step, state.rng)) + (
       aot.chip_bytes(state.params) if shape.ref else 0)
-  total = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
-              for x in jax.tree.leaves(state.params))
   b = shape.num_prompts
   rep = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=jax.sharding.NamedSharding(
       mesh, jax.sharding.PartitionSpec()))
@@ -201,7 +203,7 @@ def _sampler_inputs(cfg, shape, topo):
   u = rep((b, shape.group_size, shape.response_len), jnp.float32)
   knobs = dict(temperature=rep((), jnp.float32), top_k=rep((), jnp.int32),
                top_p=rep((), jnp.float32))
-  return mesh, held, state.params, total, prompts, plen, u, knobs
+  return mesh, held, state.params, aot.full_bytes(state.params), prompts, plen, u, knobs
 
 
 def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
@@ -230,8 +232,7 @@ def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
           branching=tuple(shape.branching), segment_len=shape.segment_len,
           eos_id=shape.eos_id, pad_id=0, layout=layout).compile()
     mem = exe.memory_analysis()
-    peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
-            - mem.alias_size_in_bytes + held)
+    peak = _peak(mem, held)
     hbm = aot.decode_hbm_bytes(cfg, shape, mesh, param_bytes, layout)
     lines.append(f'  {layout:12s} {mem.argument_size_in_bytes / gib:6.2f} '
                  f'{mem.temp_size_in_bytes / gib:6.2f} {mem.output_size_in_bytes / gib:6.2f} '

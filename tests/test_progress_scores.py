@@ -101,13 +101,8 @@ def _scores(token_agg, with_ref):
 
 
 @functools.lru_cache(maxsize=None)
-def _trajectory(step_agg):
-  return jax.jit(functools.partial(ps.trajectory_scores, step_agg=step_agg))
-
-
-@functools.lru_cache(maxsize=None)
-def _failure(rule):
-  return jax.jit(functools.partial(ps.failure_step, rule=rule))
+def _jitted(fn, **options):
+  return jax.jit(functools.partial(fn, **options))
 
 
 @given(batches(), st.sampled_from(ps.TOKEN_AGGS), st.booleans())
@@ -126,7 +121,7 @@ def test_step_scores_match_the_authors_aggregations(batch, token_agg, with_ref):
 def test_trajectory_scores_match_the_authors_best_of_n_score(batch, step_agg):
   lp, ref, mask, ends = batch
   scores, valid = _scores('mean', True)(lp, ref, mask, ends)
-  got = np.asarray(_trajectory(step_agg)(scores, valid))
+  got = np.asarray(_jitted(ps.trajectory_scores, step_agg=step_agg)(scores, valid))
   for i in range(SHAPE[0]):
     rewards = step_rewards_ref(lp[i], ref[i], mask[i], ends[i], 'mean', 0.5)
     want = agg_ref(rewards, step_agg) if rewards else -np.inf  # no step: ranked last
@@ -137,7 +132,7 @@ def test_trajectory_scores_match_the_authors_best_of_n_score(batch, step_agg):
 def test_failure_step_matches_the_authors_predictors(batch, rule):
   lp, ref, mask, ends = batch
   scores, valid = _scores('min', True)(lp, ref, mask, ends)
-  got = np.asarray(_failure(rule)(scores, valid))
+  got = np.asarray(_jitted(ps.failure_step, rule=rule)(scores, valid))
   for i in range(SHAPE[0]):
     # the reference reads the scores computed above, so that a float tie is the same tie
     n = int(np.asarray(valid[i]).sum())

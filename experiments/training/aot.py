@@ -335,6 +335,11 @@ def rows_sharding(mesh: Mesh, n: int) -> NamedSharding:
   return ts.batch_sharding(mesh) if n % ts.row_shards(mesh) == 0 else NamedSharding(mesh, P())
 
 
+def full_bytes(tree) -> int:
+  """Bytes of the abstract arrays in `tree`, all of them (every device's shards together)."""
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
 def chip_bytes(tree) -> int:
   """Bytes of one device's shards of the abstract arrays in `tree`."""
   total = 0
@@ -503,8 +508,8 @@ def tree_slots_read(cfg, shape: RLShape, layout: Optional[str] = None) -> int:
   from experiments.rollouts import sampling
   layout = decode_layout(shape, layout)
   b, p, l, seg = shape.num_prompts, shape.prompt_len, shape.response_len, shape.segment_len
-  total = 0
-  for j, (rows, t0, t1) in enumerate(tree_levels(shape)):
+  levels, total = tree_levels(shape), 0
+  for j, (rows, t0, t1) in enumerate(levels):
     if layout == 'rows':
       total += (t1 - t0) * rows * (p + l)
       continue
@@ -513,7 +518,7 @@ def tree_slots_read(cfg, shape: RLShape, layout: Optional[str] = None) -> int:
     offset = t0 if layout == 'cascade_tree' else 0
     ends = sampling.decode_windows(cfg, own)
     window = lambda t: min(e for e in ends if e > t - offset)  # own slots step t reads
-    shared = b * p + (sum(rows_i * seg for rows_i, _, _ in tree_levels(shape)[:j])
+    shared = b * p + (sum(rows_i * seg for rows_i, _, _ in levels[:j])
                       if layout == 'cascade_tree' else 0)
     total += sum(shared + rows * window(t) for t in range(t0, t1))
   return total
@@ -882,8 +887,7 @@ def compile_rl_step(cfg, shape: RLShape, topo: Topology, verbose: bool = False) 
   if packed:
     flops['logprobs_flat'] = stage_flops(cfg, dataclasses.replace(shape, packing='none'))[
         'logprobs']
-  full_param_bytes = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
-                         for x in jax.tree.leaves(params))
+  full_param_bytes = full_bytes(params)
   hbm = stage_hbm_bytes(cfg, shape, mesh, chip_bytes(state), full_param_bytes)
   hbm['logprobs_flat'] = hbm['logprobs']
   return Result(cfg=cfg, shape=shape, topo=topo, mesh=mesh, stages=c.stages, flops=flops,
