@@ -166,21 +166,22 @@ def sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
     cost = dec.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     phases = len(sampling.decode_windows(c, l, layout == 'cascade'))
-    peak = _peak(mem, held)
     hbm = aot.decode_hbm_bytes(c, shape, mesh, param_bytes, layout)
     lines.append(f'  {layout:8s} {phases:6d} {aot.chip_bytes(st.cache) / gib:9.3f} '
-                 f'{mem.argument_size_in_bytes / gib:6.2f} {mem.temp_size_in_bytes / gib:6.2f} '
-                 f'{mem.output_size_in_bytes / gib:6.2f} {peak / gib:8.2f} '
-                 f'{cost.get("bytes accessed", float("nan")) / phases:10.3e} {hbm:12.3e} '
+                 f'{_memory_cells(mem, held)} {cost.get("bytes accessed", float("nan")) / phases:10.3e} {hbm:12.3e} '
                  f'{hbm / topo.device_bandwidth:10.3f} {time.perf_counter() - t0:9.1f}')
   return '\n'.join(lines)
 
 
-def _peak(mem, held: int) -> int:
-  """A compiled program's bytes per device (XLA's memory analysis: arguments + temporaries +
-  outputs - aliased) plus the bytes the loop holds meanwhile."""
-  return (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
+def _memory_cells(mem, held: int) -> str:
+  """The reports' 'args temp out peak GiB' cells from XLA's memory analysis of a compiled
+  program; peak: arguments + temporaries + outputs - aliased, plus the bytes the loop holds
+  meanwhile."""
+  gib = 2.0 ** 30
+  peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
           - mem.alias_size_in_bytes + held)
+  return (f'{mem.argument_size_in_bytes / gib:6.2f} {mem.temp_size_in_bytes / gib:6.2f} '
+          f'{mem.output_size_in_bytes / gib:6.2f} {peak / gib:8.2f}')
 
 
 def _sampler_inputs(cfg, shape, topo):
@@ -217,7 +218,6 @@ def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
   from experiments.rollouts import sampling
   mesh, held, params, param_bytes, prompts, plen, u, knobs = _sampler_inputs(cfg, shape, topo)
   b, l, g = shape.num_prompts, shape.response_len, shape.group_size
-  gib = 2.0 ** 30
   lines = [f'tree_fixed sampler on {topo.name}, mesh {dict(mesh.shape)}: {b} prompts x '
            f'branching {shape.branching} (G {g}), forks every {shape.segment_len} tokens, '
            f'prompt {shape.prompt_len} + response {l}, decode_window {cfg.decode_window}, '
@@ -232,11 +232,8 @@ def tree_sampler_report(cfg, shape: 'aot.RLShape', topo) -> str:
           branching=tuple(shape.branching), segment_len=shape.segment_len,
           eos_id=shape.eos_id, pad_id=0, layout=layout).compile()
     mem = exe.memory_analysis()
-    peak = _peak(mem, held)
     hbm = aot.decode_hbm_bytes(cfg, shape, mesh, param_bytes, layout)
-    lines.append(f'  {layout:12s} {mem.argument_size_in_bytes / gib:6.2f} '
-                 f'{mem.temp_size_in_bytes / gib:6.2f} {mem.output_size_in_bytes / gib:6.2f} '
-                 f'{peak / gib:8.2f} {aot.tree_slots_read(cfg, shape, layout):13.4e} '
+    lines.append(f'  {layout:12s} {_memory_cells(mem, held)} {aot.tree_slots_read(cfg, shape, layout):13.4e} '
                  f'{hbm:12.3e} {hbm / topo.device_bandwidth:10.3f} '
                  f'{time.perf_counter() - t0:9.1f}')
   return '\n'.join(lines)
